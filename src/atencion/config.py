@@ -1,0 +1,147 @@
+"""The model's hyper-parameters as one typed dataclass, with the paper's presets (Table 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of the encoder-decoder Transformer, named as in the paper.
+
+    ``vocab_size`` is the source vocabulary (and the target one unless ``tgt_vocab_size`` is
+    set). ``n_layers`` is the paper's N for the encoder, and for the decoder unless
+    ``n_decoder_layers`` is set.
+    """
+
+    vocab_size: int
+    tgt_vocab_size: int | None = None
+    n_layers: int = 6                      # N
+    n_decoder_layers: int | None = None
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8                       # h; d_k = d_v = d_model / h
+    dropout: float = 0.1                   # P_drop: sub-layer outputs and embeddings + positions
+    attention_dropout: float = 0.0         # on the attention weights (not in the paper's text)
+    activation: str = "relu"               # "relu" (the paper, §3.3) or "gelu"
+    norm_first: bool = False               # False: post-LN, the paper's; True: pre-LN
+    positional: str = "sinusoidal"         # "sinusoidal" (§3.5) or "learned" (Table 3, row E)
+    max_positions: int = 1024              # rows of the learned table; sinusoids extend freely
+    scale_embedding: bool = True           # embeddings multiplied by sqrt(d_model) (§3.4)
+    share_embeddings: bool = True          # one table for source and target tokens
+    tie_output: bool = True                # the pre-softmax projection uses the target table
+    output_bias: bool = False              # a bias on the logits (Marian has one)
+    bias: bool = True                      # biases in the attention and feed-forward projections
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "max_positions"):
+            _require_positive_int(key, getattr(self, key))
+        for key in ("tgt_vocab_size", "n_decoder_layers"):
+            if getattr(self, key) is not None:
+                _require_positive_int(key, getattr(self, key))
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
+                f"each of the h heads gets d_k = d_model / h dimensions"
+            )
+        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
+        for key in ("dropout", "attention_dropout"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{key} must be a number in [0, 1), got {value!r}")
+        _require_choice("activation", self.activation, ("relu", "gelu"))
+        _require_choice("positional", self.positional, ("sinusoidal", "learned"))
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
+                f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
+            )
+        for key in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{key} must be an integer, got {value!r}")
+            if not 0 <= value < min(self.vocab_size, self.target_vocab_size):
+                raise ValueError(
+                    f"{key} must be a token id in [0, {min(self.vocab_size, self.target_vocab_size)}), "
+                    f"got {value}"
+                )
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.n_heads
+
+    # presets ---------------------------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named configuration: ``base`` and ``big`` (Table 3) or ``tiny`` (Transformer-Tiny)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides}, source=f"preset {name!r}")
+
+    # serialisation ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "ModelConfig":
+        if not isinstance(values, dict):
+            raise ValueError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+        if "vocab_size" not in values:
+            raise ValueError(f"{source}: missing the required key 'vocab_size'")
+        return cls(**values)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: model config not found")
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not a valid JSON config ({err})") from None
+        return cls.from_dict(values, source=str(path))
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. 2017, Table 3.
+    "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1),
+    "big": dict(n_layers=6, d_model=1024, d_ff=4096, n_heads=16, dropout=0.3),
+    # Transformer-Tiny on Multi30k (Wu et al., ACL 2021).
+    "tiny": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
+}
+
+
+def _require_positive_int(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}")

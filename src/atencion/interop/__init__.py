@@ -1,0 +1,1 @@
+"""Converters between atencion models and other implementations."""

@@ -1,0 +1,126 @@
+"""Import a Hugging Face MarianMTModel into an atencion Transformer, exactly.
+
+Marian is the paper's model with three differences, each handled here explicitly:
+
+1. Its sinusoidal table puts all sines before all cosines (column i and d/2+i share a
+   frequency) where §3.5 interleaves them (columns 2i and 2i+1). A Transformer is equivariant
+   to a permutation of the d_model features of its residual stream, so importing permutes every
+   d_model axis (embeddings, LayerNorms, the input side of W^Q/W^K/W^V/W1, the output side of
+   W^O/W2); the model then computes the same function with the paper's table.
+2. It adds ``final_logits_bias`` to the logits: the imported config sets ``output_bias=True``.
+3. Its decoder starts from the pad id: the imported config's ``bos_id`` is Marian's
+   ``decoder_start_token_id``. Target padding is never masked here (the causal mask covers
+   right padding), so a pad at position 0 is an ordinary start token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..nn.transformer import Transformer
+
+
+def marian_to_paper_permutation(d_model: int) -> Tensor:
+    """``perm`` such that paper_features = marian_features[..., perm]."""
+    half = d_model // 2
+    perm = torch.empty(d_model, dtype=torch.long)
+    perm[0::2] = torch.arange(half)
+    perm[1::2] = torch.arange(half, d_model)
+    return perm
+
+
+def config_from_marian(hf_config) -> ModelConfig:
+    """The atencion config of a transformers.MarianConfig; unsupported settings raise ValueError."""
+    c = hf_config
+    pairs = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
+    for a, b in pairs:
+        if getattr(c, a) != getattr(c, b):
+            raise ValueError(f"Marian config: {a}={getattr(c, a)} differs from {b}={getattr(c, b)}; "
+                             f"atencion uses one value for both")
+    if c.activation_function not in ("relu", "gelu"):
+        raise ValueError(f"Marian config: activation_function={c.activation_function!r}; "
+                         f"atencion supports 'relu' and 'gelu'")
+    decoder_vocab = getattr(c, "decoder_vocab_size", None) or c.vocab_size
+    share = bool(getattr(c, "share_encoder_decoder_embeddings", True))
+    return ModelConfig(
+        vocab_size=c.vocab_size,
+        tgt_vocab_size=None if share else decoder_vocab,
+        n_layers=c.encoder_layers,
+        n_decoder_layers=c.decoder_layers,
+        d_model=c.d_model,
+        d_ff=c.encoder_ffn_dim,
+        n_heads=c.encoder_attention_heads,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation=c.activation_function,
+        norm_first=False,
+        positional="sinusoidal",
+        max_positions=c.max_position_embeddings,
+        scale_embedding=bool(c.scale_embedding),
+        share_embeddings=share,
+        tie_output=bool(getattr(c, "tie_word_embeddings", True)),
+        output_bias=True,
+        pad_id=c.pad_token_id,
+        bos_id=c.decoder_start_token_id,
+        eos_id=c.eos_token_id,
+    )
+
+
+def from_marian(hf_model) -> Transformer:
+    """An atencion Transformer computing the same logits as ``hf_model`` (a MarianMTModel)."""
+    cfg = config_from_marian(hf_model.config)
+    model = Transformer(cfg)
+    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    perm = marian_to_paper_permutation(cfg.d_model)
+
+    def cols(t):  # a d_model input axis
+        return t[:, perm]
+
+    def rows(t):  # a d_model output axis (weight rows or a bias/LayerNorm vector)
+        return t[perm]
+
+    out: dict[str, Tensor] = {}
+
+    def attention(ours: str, theirs: str) -> None:
+        out[f"{ours}.in_proj.weight"] = cols(torch.cat([src[f"{theirs}.{p}_proj.weight"] for p in "qkv"]))
+        out[f"{ours}.in_proj.bias"] = torch.cat([src[f"{theirs}.{p}_proj.bias"] for p in "qkv"])
+        out[f"{ours}.out_proj.weight"] = rows(src[f"{theirs}.out_proj.weight"])
+        out[f"{ours}.out_proj.bias"] = rows(src[f"{theirs}.out_proj.bias"])
+
+    def norm(ours: str, theirs: str) -> None:
+        out[f"{ours}.weight"] = rows(src[f"{theirs}.weight"])
+        out[f"{ours}.bias"] = rows(src[f"{theirs}.bias"])
+
+    def ffn(ours: str, theirs: str) -> None:
+        out[f"{ours}.linear1.weight"] = cols(src[f"{theirs}.fc1.weight"])
+        out[f"{ours}.linear1.bias"] = src[f"{theirs}.fc1.bias"]
+        out[f"{ours}.linear2.weight"] = rows(src[f"{theirs}.fc2.weight"])
+        out[f"{ours}.linear2.bias"] = rows(src[f"{theirs}.fc2.bias"])
+
+    for i in range(cfg.n_layers):
+        ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
+        attention(f"{ours}.self_attn", f"{theirs}.self_attn")
+        norm(f"{ours}.res_attn.norm", f"{theirs}.self_attn_layer_norm")
+        ffn(f"{ours}.ffn", theirs)
+        norm(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")
+    for i in range(cfg.decoder_layers):
+        ours, theirs = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
+        attention(f"{ours}.self_attn", f"{theirs}.self_attn")
+        norm(f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm")
+        attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn")
+        norm(f"{ours}.res_cross.norm", f"{theirs}.encoder_attn_layer_norm")
+        ffn(f"{ours}.ffn", theirs)
+        norm(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")
+
+    out["encoder.embed.weight"] = cols(src["model.encoder.embed_tokens.weight"])
+    out["decoder.embed.weight"] = cols(src["model.decoder.embed_tokens.weight"])
+    out["generator.weight"] = cols(src["lm_head.weight"])
+    out["generator.bias"] = src["final_logits_bias"].reshape(-1)
+
+    missing = set(model.state_dict()) - set(out)
+    if missing:
+        raise ValueError(f"Marian import left parameters unset: {sorted(missing)[:5]}")
+    model.load_state_dict(out)
+    return model

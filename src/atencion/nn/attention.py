@@ -1,0 +1,157 @@
+"""Scaled dot-product attention (eq. 1) and multi-head attention (§3.2.2), with a KV cache.
+
+Masks follow torch's convention for boolean ``attn_mask``: ``True`` means *may attend*.
+A mask has four dimensions that broadcast to (batch, heads, queries, keys).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Eq. (1): softmax(Q Kᵀ / √d_k) V over tensors of shape (batch, heads, length, d_k).
+
+    Masked keys get exactly zero weight; a query whose keys are all masked gets zero weights
+    and a zero output (never NaN). With ``need_weights`` the explicit path runs and returns the
+    weights (batch, heads, queries, keys); otherwise torch's fused kernel runs and the weights
+    are ``None``. Both paths compute the same function.
+    """
+    if need_weights:
+        return _explicit_attention(q, k, v, mask, dropout_p)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    # A row with no visible key would be NaN in the fused kernel: let it see every key, then
+    # zero its output, which is what the explicit path gives.
+    visible = mask.any(dim=-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~visible, dropout_p=dropout_p)
+    return out * visible, None
+
+
+def _explicit_attention(q, k, v, mask, dropout_p):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # also turns all-masked rows (NaN) into zeros
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ v, weights
+
+
+def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: int) -> None:
+    """Raise a ValueError unless ``mask`` is a boolean tensor that broadcasts to (batch, h, q, k)."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"{name} must be a torch.bool tensor (True = may attend), got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    expected = (batch, None, queries, keys)
+    ok = mask.dim() == 4 and all(
+        size == 1 or want is None or size == want for size, want in zip(mask.shape, expected)
+    )
+    if not ok:
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)}; expected 4 dimensions broadcastable to "
+            f"(batch={batch}, heads, queries={queries}, keys={keys}), each 1 or that size"
+        )
+
+
+class KVCache:
+    """Keys and values already computed by one attention layer, shape (batch, heads, length, d_k).
+
+    Self-attention appends one step at a time; cross-attention fills it once per source.
+    ``reorder`` selects batch rows, as beam search does when hypotheses are re-ranked.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    ``in_proj`` holds W^Q, W^K and W^V of all heads stacked as [Q; K; V] (the layout of
+    torch.nn.MultiheadAttention), so self-attention projects once. With ``cross=True`` this is
+    encoder-decoder attention: queries come from ``x`` (the decoder), keys and values from
+    ``memory`` (the encoder).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
+                 bias: bool = True, cross: bool = False):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.h, self.d_k = d_model, n_heads, d_model // n_heads
+        self.attention_dropout = attention_dropout
+        self.cross = cross
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (batch, q_len, d_model) to itself, or to ``memory`` (cross).
+
+        With a ``cache``, self-attention appends the new keys/values to it; cross-attention
+        fills an empty cache from ``memory`` once and then reuses it (``memory`` may be None).
+        """
+        if not self.cross:
+            q, k, v = self._heads(self.in_proj(x), 3).unbind(0)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        else:
+            w_q, w_kv = self.in_proj.weight.split([self.d_model, 2 * self.d_model])
+            b_q, b_kv = (None, None) if self.in_proj.bias is None else \
+                self.in_proj.bias.split([self.d_model, 2 * self.d_model])
+            q = self._heads(F.linear(x, w_q, b_q), 1)[0]
+            if cache is not None and len(cache):
+                k, v = cache.k, cache.v
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs the encoder output `memory` or a filled cache")
+                k, v = self._heads(F.linear(memory, w_kv, b_kv), 2).unbind(0)
+                if cache is not None:
+                    cache.append(k, v)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
+        out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)
+        return self.out_proj(out), weights
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        """(batch, length, n·d_model) → (n, batch, h, length, d_k)."""
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.h, self.d_k).permute(2, 0, 3, 1, 4)

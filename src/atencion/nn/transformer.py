@@ -1,0 +1,285 @@
+"""§3.1, Figure 1: the encoder, the decoder, the generator and the whole Transformer."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import KVCache, check_mask
+from .layers import DecoderLayer, EncoderLayer
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _positions(cfg: ModelConfig) -> nn.Module:
+    if cfg.positional == "learned":
+        return LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions)
+    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+
+
+def _layer_args(cfg: ModelConfig) -> tuple:
+    return (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
+            cfg.activation, cfg.norm_first, cfg.layer_norm_eps, cfg.bias)
+
+
+def causal_mask(length: int, offset: int = 0, device=None) -> Tensor:
+    """(1, 1, length, offset+length): query i (at position offset+i) sees keys 0 … offset+i."""
+    keys = torch.arange(offset + length, device=device)
+    queries = torch.arange(offset, offset + length, device=device)
+    return (keys[None, :] <= queries[:, None])[None, None]
+
+
+class Encoder(nn.Module):
+    """§3.1: a stack of N identical layers over embeddings + positions (with dropout, §5.4)."""
+
+    def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
+        super().__init__()
+        self.embed = embed
+        self.positions = _positions(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(*_layer_args(cfg)) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False):
+        x = self.dropout(self.embed(src_ids) + self.positions(src_ids.size(1)))
+        attentions = []
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights)
+            attentions.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, attentions
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding keeps between steps: per layer, the self-attention cache and
+    the cross-attention cache (the encoder's keys/values, computed once), plus the source mask."""
+
+    memory_mask: Tensor | None
+    self_caches: list[KVCache] = field(default_factory=list)
+    cross_caches: list[KVCache] = field(default_factory=list)
+    offset: int = 0
+    memory: Tensor | None = None  # the encoder output, until the first step has cached it
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (in that order), e.g. the surviving beams."""
+        for cache in (*self.self_caches, *self.cross_caches):
+            cache.reorder(index)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)
+
+
+class Decoder(nn.Module):
+    """§3.1: a stack of N layers, each with masked self-attention and encoder-decoder attention."""
+
+    def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
+        super().__init__()
+        self.embed = embed
+        self.positions = _positions(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(*_layer_args(cfg)) for _ in range(cfg.decoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
+        offset = state.offset if state is not None else 0
+        x = self.dropout(self.embed(tgt_ids) + self.positions(tgt_ids.size(1), offset))
+        self_attn, cross_attn = [], []
+        for i, layer in enumerate(self.layers):
+            self_cache = state.self_caches[i] if state is not None else None
+            cross_cache = state.cross_caches[i] if state is not None else None
+            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, self_cache, cross_cache, need_weights)
+            self_attn.append(w_self)
+            cross_attn.append(w_cross)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if state is not None:
+            state.offset += tgt_ids.size(1)
+        return x, self_attn, cross_attn
+
+
+class Generator(nn.Module):
+    """§3.4: the pre-softmax linear projection to the vocabulary (optionally tied to the embeddings)."""
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_weight: nn.Parameter | None):
+        super().__init__()
+        if tied_weight is not None:
+            self.weight = tied_weight
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+            nn.init.normal_(self.weight, std=d_model ** -0.5)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
+
+    ``model(src_ids, tgt_in_ids)`` returns pre-softmax logits (batch, tgt_len, target vocab).
+    Padding masks come from ``cfg.pad_id`` unless given. Targets are right-padded, so the causal
+    mask already keeps every real position from seeing a pad.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError(f"Transformer(cfg): expected a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
+        tgt_embed = src_embed if cfg.share_embeddings else \
+            TokenEmbedding(cfg.target_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
+        self.encoder = Encoder(cfg, src_embed)
+        self.decoder = Decoder(cfg, tgt_embed)
+        self.generator = Generator(cfg.d_model, cfg.target_vocab_size, cfg.output_bias,
+                                   tgt_embed.weight if cfg.tie_output else None)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # the forward pass ------------------------------------------------------------------------
+
+    def forward(self, src_ids: Tensor, tgt_in_ids: Tensor, src_mask: Tensor | None = None,
+                tgt_mask: Tensor | None = None, return_attention: bool = False):
+        """Teacher-forced logits. With ``return_attention``, also a dict of per-layer attention
+        weights (batch, h, queries, keys) under "encoder", "decoder" (masked self) and "cross"."""
+        memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention)
+        self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
+        if tgt_in_ids.size(0) != src_ids.size(0):
+            raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, got "
+                             f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
+        length = tgt_in_ids.size(1)
+        if tgt_mask is None:
+            tgt_mask = causal_mask(length, device=tgt_in_ids.device)
+        check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, length)
+        hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
+                                                    need_weights=return_attention)
+        logits = self.generator(hidden)
+        if return_attention:
+            return logits, {"encoder": enc_attn, "decoder": dec_attn, "cross": cross_attn}
+        return logits
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The encoder output (batch, src_len, d_model) and the source mask it used."""
+        memory, src_mask, _ = self._encode(src_ids, src_mask, False)
+        return memory, src_mask
+
+    def _encode(self, src_ids, src_mask, need_weights):
+        self._check_ids("src_ids", src_ids, self.cfg.vocab_size)
+        if src_mask is None:
+            src_mask = self.padding_mask(src_ids)
+        check_mask(src_mask, "src_mask", src_ids.size(0), 1, src_ids.size(1))
+        memory, attentions = self.encoder(src_ids, src_mask, need_weights)
+        return memory, src_mask, attentions
+
+    def padding_mask(self, ids: Tensor) -> Tensor:
+        """(batch, 1, 1, length): True at real tokens, False at padding."""
+        return (ids != self.cfg.pad_id)[:, None, None, :]
+
+    # incremental decoding --------------------------------------------------------------------
+
+    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """A fresh decoding state; cross-attention keys/values are filled from ``memory`` on the first step."""
+        n = len(self.decoder.layers)
+        return DecoderState(src_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)],
+                            memory=memory)
+
+    def decode_step(self, tgt_ids: Tensor, state: DecoderState) -> Tensor:
+        """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and
+        extending ``state``; equal to the full forward pass at those positions."""
+        self._check_ids("tgt_ids", tgt_ids, self.cfg.target_vocab_size)
+        length = tgt_ids.size(1)
+        self_mask = causal_mask(length, state.offset, tgt_ids.device) if length > 1 else None
+        hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state)
+        state.memory = None  # now in the cross-attention caches
+        return self.generator(hidden)
+
+    # checks, sizes, files --------------------------------------------------------------------
+
+    @staticmethod
+    def _check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
+        if not isinstance(ids, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+        if ids.dim() != 2 or ids.size(1) == 0 or ids.size(0) == 0:
+            raise ValueError(f"{name} must have shape (batch, length) with both > 0, got {tuple(ids.shape)}")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each tied tensor counted once (as Table 3 counts them)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _canonical_names(self) -> dict[str, str]:
+        """Every parameter/buffer name → the first name of the same tensor (tied weights share one)."""
+        first: dict[int, str] = {}
+        names = {}
+        for name, tensor in self.state_dict(keep_vars=True).items():
+            names[name] = first.setdefault(id(tensor), name)
+        return names
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write config.json and model.safetensors into ``directory`` (each atomically)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict()
+        tensors = {name: state[name].detach().contiguous().cpu()
+                   for name, canonical in self._canonical_names().items() if name == canonical}
+        _atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        _atomic_write(directory / CONFIG_FILE, self.cfg.save)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Transformer":
+        """Rebuild a model saved by :meth:`save`; never unpickles anything."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory}: model directory not found")
+        model = cls(ModelConfig.load(directory / CONFIG_FILE))
+        path = directory / WEIGHTS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: model weights not found")
+        try:
+            tensors = load_file(str(path), device=str(map_location))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+        canonical = model._canonical_names()
+        expected = {name for name, first in canonical.items() if name == first}
+        missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        if missing or unexpected:
+            raise ValueError(f"{path}: weights do not match {directory / CONFIG_FILE}; "
+                             f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        state = model.state_dict()
+        for name, first in canonical.items():
+            if tuple(tensors[first].shape) != tuple(state[name].shape):
+                raise ValueError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
+                                 f"the config expects {tuple(state[name].shape)}")
+        model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
+        return model
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write through a temporary name in the same directory, then rename over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -1,0 +1,184 @@
+"""The whole model: masks, padding, KV cache, presets, files and bad input."""
+
+import json
+
+import pytest
+import torch
+
+from atencion import ModelConfig, Transformer
+from conftest import random_batch, small_config, small_model
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_causal_mask_hides_the_future(norm_first):
+    model = small_model(norm_first=norm_first)
+    src, tgt = random_batch(model.cfg)
+    logits = model(src, tgt)
+    t = 2
+    changed = tgt.clone()
+    changed[:, t + 1:] = torch.randint(4, model.cfg.vocab_size, changed[:, t + 1:].shape)
+    logits_changed = model(src, changed)
+    torch.testing.assert_close(logits_changed[:, : t + 1], logits[:, : t + 1])
+    assert (logits_changed[:, t + 1:] - logits[:, t + 1:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_extra_padding_changes_nothing(norm_first):
+    model = small_model(norm_first=norm_first)
+    src, tgt = random_batch(model.cfg)
+    logits = model(src, tgt)
+    pad = model.cfg.pad_id
+    src_padded = torch.cat([src, torch.full((src.size(0), 4), pad)], dim=1)
+    tgt_padded = torch.cat([tgt, torch.full((tgt.size(0), 3), pad)], dim=1)
+    logits_padded = model(src_padded, tgt_padded)
+    torch.testing.assert_close(logits_padded[:, : tgt.size(1)], logits, atol=1e-5, rtol=1e-5)
+
+
+def test_source_padding_is_not_attended_to():
+    """Changing what sits under the pad mask (passed explicitly) changes nothing."""
+    model = small_model()
+    src, tgt = random_batch(model.cfg)
+    mask = model.padding_mask(src)
+    garbage = src.clone()
+    garbage[~mask[:, 0, 0]] = 7
+    torch.testing.assert_close(model(garbage, tgt, src_mask=mask), model(src, tgt))
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"norm_first": True}, {"positional": "learned"}, {"share_embeddings": False, "tie_output": False,
+                                                          "tgt_vocab_size": 30, "output_bias": True},
+])
+def test_incremental_decoding_with_kv_cache_equals_full_forward(overrides):
+    model = small_model(**overrides)
+    src, tgt = random_batch(model.cfg)
+    full = model(src, tgt)
+    memory, src_mask = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    steps = [model.decode_step(tgt[:, :2], state)]  # a two-token prefix, then one token at a time
+    steps += [model.decode_step(tgt[:, t: t + 1], state) for t in range(2, tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_state_reorder_selects_batch_rows():
+    model = small_model()
+    src, tgt = random_batch(model.cfg)
+    memory, src_mask = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    model.decode_step(tgt[:, :3], state)
+    index = torch.tensor([2, 2, 0])
+    state.reorder(index)
+    last = model.decode_step(tgt[index, 3:4], state)
+    expected = model(src[index], tgt[index, :4])[:, 3:4]
+    torch.testing.assert_close(last, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_weights_are_returned_with_their_shapes():
+    model = small_model()
+    src, tgt = random_batch(model.cfg)
+    logits, attn = model(src, tgt, return_attention=True)
+    torch.testing.assert_close(logits, model(src, tgt), atol=1e-5, rtol=1e-5)
+    b, s, t, h = src.size(0), src.size(1), tgt.size(1), model.cfg.n_heads
+    assert [a.shape for a in attn["encoder"]] == [(b, h, s, s)] * 2
+    assert [a.shape for a in attn["decoder"]] == [(b, h, t, t)] * 2
+    assert [a.shape for a in attn["cross"]] == [(b, h, t, s)] * 2
+    for cross in attn["cross"]:
+        torch.testing.assert_close(cross.sum(-1), torch.ones(b, h, t))
+        assert torch.all(cross[2, :, :, -2:] == 0)  # row 2 has two pads at the end
+
+
+@pytest.mark.parametrize("name, vocab, millions", [("base", 37000, 65), ("big", 37000, 213)])
+def test_presets_have_the_parameter_counts_of_table_3(name, vocab, millions):
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.preset(name, vocab_size=vocab))
+    assert abs(model.num_parameters() / 1e6 - millions) / millions < 0.05
+
+
+def test_tiny_preset_is_transformer_tiny():
+    cfg = ModelConfig.preset("tiny", vocab_size=10000)
+    assert (cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.n_heads) == (4, 128, 256, 4)
+    assert abs(Transformer(cfg).num_parameters() / 1e6 - 2.6) < 0.1
+
+
+def test_three_way_tying_shares_one_tensor():
+    model = small_model()
+    assert model.encoder.embed.weight is model.decoder.embed.weight is model.generator.weight
+    untied = small_model(share_embeddings=False, tie_output=False)
+    assert untied.num_parameters() == model.num_parameters() + 2 * 40 * 32
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = small_model(output_bias=True)
+    src, tgt = random_batch(model.cfg)
+    model.save(tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    loaded = Transformer.load(tmp_path / "m").eval()
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt))
+    assert loaded.encoder.embed.weight is loaded.generator.weight
+
+
+# bad input ------------------------------------------------------------------------------------
+
+def test_d_model_not_divisible_by_heads_is_refused():
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
+        small_config(d_model=30)
+
+
+def test_unknown_preset_and_unknown_key_are_refused():
+    with pytest.raises(ValueError, match="unknown preset 'huge'.*'base'"):
+        ModelConfig.preset("huge", vocab_size=10)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['d_mdoel'\]"):
+        ModelConfig.preset("tiny", vocab_size=10, d_mdoel=3)
+
+
+@pytest.mark.parametrize("src, message", [
+    (torch.tensor([[5, 6, 40]]), r"src_ids holds token id 40, outside the vocabulary \[0, 40\)"),
+    (torch.tensor([[5, -1]]), "src_ids holds token id -1"),
+    (torch.tensor([5, 6]), r"src_ids must have shape \(batch, length\)"),
+    (torch.tensor([[5.0, 6.0]]), "src_ids must hold integer token ids"),
+])
+def test_bad_token_ids_are_refused(src, message):
+    model = small_model()
+    with pytest.raises(ValueError, match=message):
+        model(src, torch.tensor([[2, 5]]))
+
+
+def test_batch_size_mismatch_and_bad_mask_are_refused():
+    model = small_model()
+    src, tgt = random_batch(model.cfg)
+    with pytest.raises(ValueError, match="same batch size"):
+        model(src, tgt[:2])
+    with pytest.raises(ValueError, match="src_mask has shape"):
+        model(src, tgt, src_mask=torch.ones(3, 1, 1, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tgt_mask has shape"):
+        model(src, tgt, tgt_mask=torch.ones(1, 1, 6, 5, dtype=torch.bool))
+
+
+def test_missing_or_corrupt_model_files_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        Transformer.load(tmp_path / "nothing")
+    small_model().save(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="model.safetensors: not a readable safetensors file"):
+        Transformer.load(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors: model weights not found"):
+        Transformer.load(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{broken")
+    with pytest.raises(ValueError, match="config.json: not a valid JSON config"):
+        Transformer.load(tmp_path / "m")
+    (tmp_path / "m" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json: model config not found"):
+        Transformer.load(tmp_path / "m")
+
+
+def test_weights_that_do_not_match_the_config_are_reported(tmp_path):
+    small_model().save(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["d_ff"] = 48
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="has shape"):
+        Transformer.load(tmp_path / "m")
+    cfg["n_layers"] = 3
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="missing"):
+        Transformer.load(tmp_path / "m")
