@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+from pathlib import Path
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -33,11 +36,97 @@ def cmd_presets(args: argparse.Namespace) -> None:
               f"{cfg.dropout:>9}{vocab:>8}{n / 1e6:>12.1f}M")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    """Train a translator from a YAML config (see configs/reference.yaml)."""
+    from .train.config import load_config
+    from .train.trainer import train
+
+    cfg = load_config(args.config, args.set or [])
+    summary = train(cfg, args.out, resume=args.resume)
+    print(json.dumps(summary))
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    """Translate lines from --input (default stdin) to --output (default stdout), one line out per line in."""
+    import torch
+
+    from .data.corpus import read_lines
+    from .data.tokenizer import Tokenizer
+    from .decode.translate import translate_lines
+    from .fileio import atomic_write
+    from .nn.transformer import Transformer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = Transformer.load(args.model, map_location=args.device).eval()
+    tokenizer = Tokenizer.load(args.model)
+    if args.input:
+        if args.output and Path(args.output).resolve() == Path(args.input).resolve():
+            raise ValueError(f"--output {args.output} is the input file; choose another name")
+        lines = read_lines(args.input, allow_empty=True)
+    else:
+        lines = [line.rstrip("\r\n") for line in sys.stdin]
+    results = translate_lines(model, tokenizer, lines, args.beam, args.alpha, args.max_len_a,
+                              args.max_len_b, args.batch_tokens, args.nbest)
+    if args.nbest > 1:
+        text = "".join(f"{i} ||| {t.text} ||| {t.score:.4f}\n" for i, hyps in enumerate(results) for t in hyps)
+    else:
+        text = "".join(hyps[0].text + "\n" for hyps in results)
+    if args.output:
+        atomic_write(args.output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    """Translate --src and score it against --ref: prints one JSON object (bleu, bleu_tok, chrf, settings)."""
+    from .evaluate import evaluate
+
+    result = evaluate(args.model, args.src, args.ref, args.beam, args.alpha, args.max_len_a,
+                      args.max_len_b, args.batch_tokens, args.output, args.device)
+    print(json.dumps(result))
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    """Average the weights of checkpoints (model directories) into a new model directory."""
+    from .train.checkpoint import average_checkpoints
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise ValueError(f"--out {out} exists and is not empty; pass --force to replace it")
+    average_checkpoints([Path(p) for p in args.checkpoints], out)
+    print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """Generate a Spanish→English corpus from the project's own grammar, train a tiny model on it
+    (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
+    from .demo.run import run_demo
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out} exists and is not empty; choose another directory "
+                         f"(nothing was overwritten)")
+    summary = run_demo(out, args.config, args.set or [], seed=args.seed)
+    print(json.dumps(summary))
+
+
+def _decoding_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
+    p.add_argument("--max-len-a", type=float, default=1.0, help="output length ≤ a·source length + b (default a: 1)")
+    p.add_argument("--max-len-b", type=int, default=50, help="(default b: 50, the paper's input length + 50)")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="atencion",
         description="The Transformer of 'Attention Is All You Need': train, decode, score, inspect.",
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("presets", help="run a tiny model on an example batch; list preset sizes",
@@ -45,11 +134,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=37000, help="vocabulary for base/big (default: 37000, the paper's)")
     p.add_argument("--tiny-vocab", type=int, default=10000, help="vocabulary for tiny (default: 10000)")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("demo", help="train the embedded Spanish→English model and translate examples",
+                       description=cmd_demo.__doc__)
+    p.add_argument("--out", default="runs/demo", help="output directory, must be new or empty (default: runs/demo)")
+    p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated corpus (default: 0)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a translator", description=cmd_train.__doc__)
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
+    p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate text with a trained model", description=cmd_translate.__doc__)
+    _decoding_options(p)
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--output", help="output file (default: stdout); written atomically")
+    p.add_argument("--nbest", type=int, default=1,
+                   help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="translate a test set and score it", description=cmd_evaluate.__doc__)
+    _decoding_options(p)
+    p.add_argument("--src", required=True, help="source sentences, one a line")
+    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
+    p.add_argument("--output", help="also write the translations to this file")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint directories")
+    p.set_defaults(func=cmd_average)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as err:

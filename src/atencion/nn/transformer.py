@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..fileio import atomic_write
 from .attention import KVCache, check_mask
 from .layers import DecoderLayer, EncoderLayer
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
@@ -240,8 +241,8 @@ class Transformer(nn.Module):
         state = self.state_dict()
         tensors = {name: state[name].detach().contiguous().cpu()
                    for name, canonical in self._canonical_names().items() if name == canonical}
-        _atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
-        _atomic_write(directory / CONFIG_FILE, self.cfg.save)
+        atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write(directory / CONFIG_FILE, self.cfg.save)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Transformer":
@@ -273,13 +274,3 @@ class Transformer(nn.Module):
         model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
         return model
 
-
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary name in the same directory, then rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -1,0 +1,1 @@
+"""Text → subwords → batches: parallel corpora, SentencePiece, token-based batching."""

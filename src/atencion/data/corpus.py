@@ -1,0 +1,110 @@
+"""Parallel corpora: two aligned text files (plain or .gz) or one TSV file, checked line by line.
+
+Every mistake a user makes with a corpus gets one line that names the file and the line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be used as it is; the message names the file and line."""
+
+
+@dataclass
+class CorpusReport:
+    """What reading a corpus dropped, with the first place where each kind of drop happened."""
+
+    pairs: int = 0
+    empty_skipped: int = 0
+    first_empty: str | None = None
+    too_long_skipped: int = 0
+    first_too_long: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self, name: str) -> str:
+        parts = [f"{name}: {self.pairs} pairs"]
+        if self.empty_skipped:
+            parts.append(f"{self.empty_skipped} skipped with an empty side (first at {self.first_empty})")
+        if self.too_long_skipped:
+            parts.append(f"{self.too_long_skipped} skipped as too long (first at {self.first_too_long})")
+        return "; ".join(parts)
+
+
+def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
+    """All lines of a UTF-8 text file (gzip if it ends in .gz), without their line endings."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as err:
+        raise CorpusError(f"{path}: cannot read the file ({err})") from None
+    if not raw.strip() and not allow_empty:
+        raise CorpusError(f"{path}: the file is empty")
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise CorpusError(
+                f"{path} line {number}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column "
+                f"{err.start + 1}); convert the file to UTF-8, e.g. with iconv"
+            ) from None
+        out.append(text.rstrip("\r"))
+    return out
+
+
+def read_parallel(
+    src: str | Path,
+    tgt: str | Path | None = None,
+    empty_lines: str = "skip",
+) -> tuple[list[tuple[str, str]], CorpusReport]:
+    """Sentence pairs from two aligned files (``src``, ``tgt``) or from one TSV file (``src``
+    alone: source TAB target on each line). ``empty_lines`` is "skip" (drop and count) or
+    "error"."""
+    if empty_lines not in ("skip", "error"):
+        raise ValueError(f"empty_lines must be 'skip' or 'error', got {empty_lines!r}")
+    if tgt is None:
+        rows = []
+        for number, line in enumerate(read_lines(src), start=1):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise CorpusError(f"{src} line {number}: expected 2 tab-separated fields "
+                                  f"(source, target), found {len(fields)}")
+            rows.append((fields[0], fields[1], f"{src} line {number}"))
+    else:
+        src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+        if len(src_lines) != len(tgt_lines):
+            raise CorpusError(f"{src} has {len(src_lines)} lines but {tgt} has {len(tgt_lines)}; "
+                              f"the two sides must be aligned line by line")
+        rows = [(s, t, f"line {i}") for i, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1)]
+    report = CorpusReport()
+    pairs = []
+    for s, t, where in rows:
+        s, t = s.strip(), t.strip()
+        if not s or not t:
+            side = src if not s else (tgt if tgt is not None else src)
+            place = where if tgt is None else f"{side} {where}"
+            if empty_lines == "error":
+                raise CorpusError(f"{place}: empty {'source' if not s else 'target'} sentence "
+                                  f"(set data.empty_lines: skip to drop such pairs)")
+            report.empty_skipped += 1
+            report.first_empty = report.first_empty or place
+            continue
+        pairs.append((s, t))
+    report.pairs = len(pairs)
+    if not pairs:
+        raise CorpusError(f"{src}: no usable sentence pair")
+    return pairs, report

@@ -1,0 +1,220 @@
+"""Greedy and beam search for the Transformer (Vaswani et al., 2017, §6.1).
+
+The paper translates "using beam search with a beam size of 4 and length penalty α = 0.6",
+the penalty of Wu et al. (2016), and sets "the maximum output length during inference to
+input length + 50, but terminate[s] early when possible". Both searches here are batched over
+sentences, feed one new token per step through the decoder's key/value caches
+(:meth:`Transformer.decode_step`), and drop sentences that are done from the batch.
+
+Conventions:
+
+* Scores are the model's own log-probabilities: a float32 log-softmax over the whole target
+  vocabulary, after which PAD and BOS get -inf so they are never generated. A hypothesis's
+  ``log_prob`` is therefore the sum a teacher-forced forward pass gives for BOS + tokens (+ EOS).
+* Maximum length: sentence i may generate at most ``int(a * n_i + b)`` tokens, with n_i its
+  real (non-pad) source length. A hypothesis that reaches that length without EOS is finished
+  there (a *forced end*): no EOS is appended or scored; it keeps the log-prob it has.
+* |Y| in the length penalty counts the tokens whose log-probabilities were summed: the
+  generated tokens, plus the EOS for a hypothesis that ended with EOS. So |Y| is never more
+  than the maximum length.
+* The caller passes a model in eval mode; a model in training mode (dropout on) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation."""
+
+    tokens: list[int]  # generated ids, without BOS and without the final EOS
+    score: float       # the ranking score: log_prob / length_penalty(|Y|, alpha)
+    log_prob: float    # sum of token log-probabilities, EOS included when it ended with EOS
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """Wu et al. (2016), eq. 14: lp(Y) = ((5 + |Y|) / 6) ** α.
+
+    ``length`` is |Y|, the number of scored tokens: generated tokens including the EOS (a
+    hypothesis cut at the maximum length has no EOS, and |Y| is its token count). α = 0 gives
+    lp = 1, i.e. plain log-probability.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+# helpers ---------------------------------------------------------------------------------------
+
+def _check_eval(model) -> None:
+    if model.training:
+        raise ValueError("the model is in training mode, so dropout would run during search; "
+                         "call model.eval() first")
+
+
+def _max_lengths(model, src_ids: Tensor, a: float, b: float) -> list[int]:
+    """Per sentence, int(a * real source length + b): the most tokens it may generate."""
+    if not (a >= 0 and b >= 0):
+        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {a!r} and {b!r}")
+    real = (src_ids != model.cfg.pad_id).sum(dim=1).tolist()
+    lengths = [int(a * n + b) for n in real]
+    if min(lengths) < 1:
+        raise ValueError(f"max_len_a * source length + max_len_b must allow at least one token, "
+                         f"got max lengths {lengths}")
+    return lengths
+
+
+def _next_log_probs(model, last: Tensor, state) -> Tensor:
+    """(rows, vocab) float32 log-probabilities of the next token, PAD and BOS set to -inf."""
+    logits = model.decode_step(last.unsqueeze(1), state)[:, -1].float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    cfg = model.cfg
+    banned = sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})
+    log_probs[:, banned] = float("-inf")
+    return log_probs
+
+
+# greedy ----------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_search(model, src_ids: Tensor, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[int]]:
+    """Batched greedy decoding: at each step take the most probable token (never PAD or BOS).
+
+    Output i (without BOS and EOS) has at most ``int(max_len_a * src_len_i + max_len_b)``
+    tokens, src_len_i counting the real tokens of row i; the defaults give the paper's
+    "input length + 50". A sentence leaves the batch as soon as it emits EOS or reaches its
+    maximum length. The model must be in eval mode.
+    """
+    _check_eval(model)
+    memory, src_mask = model.encode(src_ids)
+    max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
+    eos = model.cfg.eos_id
+    state = model.init_state(memory, src_mask)
+    outputs: list[list[int]] = [[] for _ in max_lens]
+    rows = list(range(len(max_lens)))  # the sentence decoded by each batch row
+    last = torch.full((len(rows),), model.cfg.bos_id, dtype=torch.long, device=src_ids.device)
+    while True:
+        best = _next_log_probs(model, last, state).argmax(dim=-1)
+        keep = []
+        for row, (sent, token) in enumerate(zip(rows, best.tolist())):
+            if token != eos:
+                outputs[sent].append(token)
+                if len(outputs[sent]) < max_lens[sent]:
+                    keep.append(row)
+        if not keep:
+            return outputs
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, device=best.device)
+            state.reorder(index)
+            best = best.index_select(0, index)
+            rows = [rows[row] for row in keep]
+        last = best
+
+
+# beam search -----------------------------------------------------------------------------------
+
+def _add_finished(kept: list[Hypothesis], tokens: list[int], log_prob: float, length: int,
+                  alpha: float, beam_size: int) -> None:
+    """Insert a finished hypothesis, keeping the ``beam_size`` best by score, best first."""
+    kept.append(Hypothesis(tokens, log_prob / length_penalty(length, alpha), log_prob))
+    kept.sort(key=lambda h: -h.score)  # stable: on a tie the earlier hypothesis stays first
+    del kept[beam_size:]
+
+
+@torch.no_grad()
+def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1,
+                _drop_finished: bool = True, _early_stop: bool = True) -> list[list[Hypothesis]]:
+    """Batched beam search with the length penalty of Wu et al. (2016); returns, per sentence,
+    up to ``nbest`` finished hypotheses, best score first.
+
+    Every sentence keeps ``beam_size`` live hypotheses (batch × beam rows of the decoder). At
+    each step the 2·beam best extensions of a sentence are ranked by log-probability; an EOS
+    among the first ``beam_size`` of them finishes that hypothesis (it leaves the beam and
+    expands no more), and the best ``beam_size`` non-EOS extensions form the next beam. At
+    step 0 all beams are the same BOS, so only the first is expanded. A sentence keeps the
+    ``beam_size`` best finished hypotheses by score = log_prob / lp(|Y|) and is done
+
+    * at its maximum length ``int(max_len_a * src_len + max_len_b)``, where every live
+      hypothesis is finished as it stands (forced end, no EOS scored), or
+    * as soon as it holds ``beam_size`` finished hypotheses ("terminate early when possible",
+      §6.1; the rule of fairseq and of Hugging Face's ``early_stopping=True``). A live
+      hypothesis might still have ended with a better normalized score: ``_early_stop=False``
+      searches on to the maximum length instead (exhaustive when the beam holds every prefix).
+
+    Done sentences leave the batch (their rows are dropped from the caches). With
+    ``beam_size=1`` this is exactly :func:`greedy_search`, whatever α.
+    The model must be in eval mode.
+    """
+    _check_eval(model)
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
+    if not isinstance(nbest, int) or not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be an integer in [1, beam_size], got nbest={nbest!r} "
+                         f"with beam_size={beam_size}")
+    if not (isinstance(alpha, (int, float)) and 0 <= alpha < math.inf):
+        raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
+    memory, src_mask = model.encode(src_ids)
+    max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
+    k, vocab, eos = beam_size, model.cfg.target_vocab_size, model.cfg.eos_id
+    device, n = src_ids.device, len(max_lens)
+    # One group of k rows per sentence; the memory is expanded before the cross-attention
+    # caches are filled from it on the first step.
+    state = model.init_state(memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0))
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    active = list(range(n))   # the sentence of each group of k rows
+    done = [False] * n        # per group; done groups stay only when not dropping
+    scores = torch.full((n, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0        # step 0: only the first beam is expanded
+    tokens = torch.empty((n, k, 0), dtype=torch.long, device=device)
+    last = torch.full((n * k,), model.cfg.bos_id, dtype=torch.long, device=device)
+    step = 0
+    while True:
+        groups = len(active)
+        log_probs = _next_log_probs(model, last, state).view(groups, k, vocab)
+        candidates = (scores.unsqueeze(-1) + log_probs).view(groups, k * vocab)
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # best first
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        is_eos = top_token == eos
+        # The k best non-EOS extensions continue: a stable sort puts them first, in rank order
+        # (each beam has one EOS extension, so at least k of the 2k are not EOS).
+        pick = is_eos.to(torch.uint8).sort(dim=1, stable=True).indices[:, :k]
+        beam = top_beam.gather(1, pick)
+        scores = top_scores.gather(1, pick)
+        new_tokens = top_token.gather(1, pick)
+        # An EOS among the k best extensions finishes that hypothesis.
+        ended = is_eos[:, :k] & top_scores[:, :k].isfinite()
+        for g, j in ended.nonzero().tolist():
+            if not done[g]:
+                _add_finished(finished[active[g]], tokens[g, top_beam[g, j]].tolist(),
+                              top_scores[g, j].item(), step + 1, alpha, k)
+        tokens = torch.cat([tokens.gather(1, beam[:, :, None].expand(-1, -1, step)),
+                            new_tokens[:, :, None]], dim=2)
+        step += 1
+        live_scores = scores.tolist()  # one device sync per step
+        for g, sent in enumerate(active):
+            if done[g]:
+                continue
+            live = live_scores[g]
+            if step == max_lens[sent]:  # forced end: every live hypothesis stops here
+                for j in range(k):
+                    if math.isfinite(live[j]):
+                        _add_finished(finished[sent], tokens[g, j].tolist(), live[j], step, alpha, k)
+                done[g] = True
+            elif not math.isfinite(max(live)):  # nothing left to extend
+                done[g] = True
+            elif _early_stop and len(finished[sent]) == k:
+                done[g] = True
+        if all(done):
+            break
+        keep = [g for g in range(groups) if not done[g]] if _drop_finished else list(range(groups))
+        keep_index = torch.tensor(keep, device=device)
+        state.reorder((keep_index[:, None] * k + beam.index_select(0, keep_index)).flatten())
+        scores, tokens = scores.index_select(0, keep_index), tokens.index_select(0, keep_index)
+        last = new_tokens.index_select(0, keep_index).flatten()
+        active, done = [active[g] for g in keep], [done[g] for g in keep]
+    return [kept[:nbest] for kept in finished]

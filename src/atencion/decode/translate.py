@@ -1,0 +1,52 @@
+"""Text in, text out: subwords → length-sorted batches → search → detokenized text, in input order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..data.batching import token_batches
+from ..data.tokenizer import Tokenizer
+from ..nn.transformer import Transformer
+from .search import beam_search, greedy_search
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float          # length-normalised log-probability (0.0 for greedy and empty input)
+    tokens: list[int]
+
+
+def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
+                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
+                    batch_tokens: int = 4096, nbest: int = 1) -> list[list[Translation]]:
+    """The ``nbest`` best translations of every line, in the order of ``lines``.
+
+    An empty (or all-blank) line gets one empty translation, so output lines match input lines.
+    """
+    if beam < 1 or nbest < 1 or nbest > beam:
+        raise ValueError(f"need 1 ≤ nbest ≤ beam, got beam={beam}, nbest={nbest}")
+    model.eval()
+    device = next(model.parameters()).device
+    cfg = model.cfg
+    encoded = [tokenizer.encode_src(line.strip()) if line.strip() else [] for line in lines]
+    results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
+    todo = [i for i, ids in enumerate(encoded) if ids]
+    lengths = [(len(encoded[i]), len(encoded[i])) for i in todo]
+    for group in token_batches(lengths, batch_tokens, seed=None):
+        rows = [todo[j] for j in group]
+        longest = max(len(encoded[i]) for i in rows) + 1
+        src = torch.full((len(rows), longest), cfg.pad_id, dtype=torch.long)
+        for r, i in enumerate(rows):
+            src[r, : len(encoded[i]) + 1] = torch.tensor(encoded[i] + [cfg.eos_id])
+        src = src.to(device)
+        if beam == 1:
+            outputs = [[(tokens, 0.0)] for tokens in greedy_search(model, src, max_len_a, max_len_b)]
+        else:
+            outputs = [[(h.tokens, h.score) for h in hyps]
+                       for hyps in beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest)]
+        for i, hyps in zip(rows, outputs):
+            results[i] = [Translation(tokenizer.decode_tgt(tokens), score, tokens) for tokens, score in hyps]
+    return results

@@ -1,0 +1,202 @@
+"""Training configuration: typed dataclasses, loaded from YAML, overridable with ``--set key=value``.
+
+configs/reference.yaml documents every key and its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ModelConfig
+
+
+@dataclass
+class DataConfig:
+    train_src: str | None = None        # two aligned files (plain or .gz) ...
+    train_tgt: str | None = None
+    train_tsv: str | None = None        # ... or one TSV file: source TAB target
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    valid_tsv: str | None = None
+    empty_lines: str = "skip"           # "skip" (drop and count) or "error"
+    max_len: int = 256                  # pairs with a side longer than this many subwords are dropped (counted)
+    vocab_size: int = 8000              # SentencePiece vocabulary (joint: one for both sides)
+    model_type: str = "bpe"             # "bpe" or "unigram"
+    joint: bool = True                  # one vocabulary for source and target
+    character_coverage: float = 1.0
+
+
+@dataclass
+class OptimConfig:
+    seed: int = 1
+    max_tokens: int = 4096              # padded source (and target) tokens per micro-batch
+    accum_steps: int = 1                # micro-batches per update (per process)
+    max_steps: int = 0                  # stop after this many updates (0: no limit)
+    max_epochs: int = 10
+    time_limit_minutes: float = 0.0     # stop after this wall time (0: no limit)
+    lr_factor: float = 1.0              # lrate = lr_factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
+    lr_peak: float | None = None        # alternatively: the learning rate reached at step = warmup
+    warmup: int = 4000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1        # ε_ls
+    clip_norm: float = 0.0              # gradient norm clipping (0: off)
+    valid_every: int = 0                # validate every N updates (0: at the end of each epoch)
+    valid_bleu: bool = True             # also decode the validation set and compute BLEU
+    valid_bleu_sentences: int = 0       # decode at most this many validation sentences (0: all)
+    early_stop_metric: str = "bleu"     # "bleu" (higher is better) or "loss" (lower is better)
+    patience: int = 0                   # stop after this many validations without improvement (0: off)
+    keep_last: int = 5                  # checkpoints kept (the best model is kept apart)
+    log_every: int = 50                 # updates between log lines
+    device: str = "auto"                # "auto", "cpu", "cuda", "cuda:1", ...
+    bf16: bool = False                  # bf16 autocast (GPUs; on CPUs bf16 is far slower than fp32)
+    threads: int = 0                    # torch intra-op threads (0: torch's default)
+    progress: bool = True               # a progress bar on stderr
+    tensorboard: bool = True            # TensorBoard event files in OUT/tensorboard
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 4
+    alpha: float = 0.6                  # length penalty of Wu et al. (2016)
+    max_len_a: float = 1.0              # output length ≤ a · source length + b
+    max_len_b: int = 50
+    batch_tokens: int = 4096            # source tokens per decoding batch
+
+
+@dataclass
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    data: DataConfig = field(default_factory=DataConfig)
+    train: OptimConfig = field(default_factory=OptimConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def model_config(self, vocab_size: int, tgt_vocab_size: int | None) -> ModelConfig:
+        values = dict(self.model)
+        preset = values.pop("preset", None)
+        values["vocab_size"] = vocab_size
+        if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
+            values["tgt_vocab_size"] = tgt_vocab_size
+            values.setdefault("share_embeddings", False)
+        if preset is None:
+            return ModelConfig.from_dict(values, source="model")
+        return ModelConfig.preset(preset, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
+# The vocabulary sizes and special ids come from the trained tokenizer, not from the config.
+MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
+    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config (or start from the defaults) and apply ``key=value`` overrides."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: config file not found")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML ({err})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a mapping with sections model/data/train/decode")
+        source = str(path)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ValueError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
+        section, name = key.split(".", 1)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ValueError(f"{source}: section {section!r} must be a mapping")
+        raw[section][name] = yaml.safe_load(value)
+    return _build(raw, source)
+
+
+def _build(raw: dict[str, Any], source: str) -> TrainConfig:
+    unknown = sorted(set(raw) - {"model", *SECTIONS})
+    if unknown:
+        raise ValueError(f"{source}: unknown section(s) {unknown}; expected model, data, train, decode")
+    model = raw.get("model") or {}
+    if not isinstance(model, dict):
+        raise ValueError(f"{source}: section 'model' must be a mapping")
+    bad = sorted(set(model) - MODEL_KEYS)
+    if bad:
+        raise ValueError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
+                         + f"; known model keys: {sorted(MODEL_KEYS)}")
+    model = {"preset": "tiny", **model} if "preset" not in model else model
+    sections = {}
+    for name, cls in SECTIONS.items():
+        values = raw.get(name) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{source}: section {name!r} must be a mapping")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in values.items():
+            if key not in fields:
+                raise ValueError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
+            values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key], cls)
+        sections[name] = cls(**values)
+    cfg = TrainConfig(model=model, **sections)
+    _validate(cfg, source)
+    return cfg
+
+
+def _coerce(key: str, value: Any, f: dataclasses.Field, cls) -> Any:
+    """Check ``value`` against the field's type (ints become floats where a float is expected)."""
+    default = f.default if f.default is not dataclasses.MISSING else None
+    expected = type(default) if default is not None else None
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(default):
+            raise ValueError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
+        return tuple(float(v) for v in value)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is not None and not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        if value is None and "None" in str(f.type):
+            return value
+        raise ValueError(f"{key}: expected {expected.__name__}, got {value!r}")
+    if expected is None and value is not None and "float" in str(f.type):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if expected is None and value is not None and "str" in str(f.type) and not isinstance(value, str):
+        raise ValueError(f"{key}: expected a path (string), got {value!r}")
+    return value
+
+
+def _validate(cfg: TrainConfig, source: str) -> None:
+    d, t = cfg.data, cfg.train
+    choices = [("data.empty_lines", d.empty_lines, ("skip", "error")),
+               ("data.model_type", d.model_type, ("bpe", "unigram")),
+               ("train.early_stop_metric", t.early_stop_metric, ("bleu", "loss"))]
+    for key, value, allowed in choices:
+        if value not in allowed:
+            raise ValueError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
+    positive = [("data.max_len", d.max_len), ("data.vocab_size", d.vocab_size),
+                ("train.max_tokens", t.max_tokens), ("train.accum_steps", t.accum_steps),
+                ("train.max_epochs", t.max_epochs), ("train.warmup", t.warmup),
+                ("train.keep_last", t.keep_last), ("train.log_every", t.log_every),
+                ("decode.beam", cfg.decode.beam), ("decode.batch_tokens", cfg.decode.batch_tokens)]
+    for key, value in positive:
+        if value <= 0:
+            raise ValueError(f"{source}: {key} must be positive, got {value}")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        raise ValueError(f"{source}: train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    data = cfg.to_dict()
+    data["train"]["adam_betas"] = list(data["train"]["adam_betas"])
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

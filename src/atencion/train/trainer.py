@@ -1,0 +1,360 @@
+"""The training loop of §5: teacher forcing, label smoothing, Adam with warm-up, token batches,
+gradient accumulation, validation, early stopping, checkpoints, exact resume, and several
+processes under torchrun (DistributedDataParallel).
+
+The path is a straight line: text → subwords → batches → model → loss → checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..data.batching import Batch, Example, collate, token_batches
+from ..data.corpus import read_parallel
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..nn.transformer import Transformer
+from .checkpoint import list_checkpoints, load_training_state, save_checkpoint
+from .config import TrainConfig, dump_config
+from .loss import label_smoothed_loss
+from .schedule import noam_lr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Dist:
+    """This process's place among the torchrun processes (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def _init_distributed(device: torch.device) -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size())
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device is {name!r} but this machine has no CUDA device")
+    return device
+
+
+def _read(cfg: TrainConfig, split: str) -> list[tuple[str, str]] | None:
+    d = cfg.data
+    src, tgt, tsv = getattr(d, f"{split}_src"), getattr(d, f"{split}_tgt"), getattr(d, f"{split}_tsv")
+    if tsv and (src or tgt):
+        raise ValueError(f"data: give either {split}_tsv or {split}_src + {split}_tgt, not both")
+    if not tsv and not src and not tgt:
+        if split == "train":
+            raise ValueError("data: no training data; set data.train_src and data.train_tgt, or data.train_tsv")
+        return None
+    if not tsv and not (src and tgt):
+        raise ValueError(f"data: {split}_src and {split}_tgt go together; one of them is missing")
+    pairs, report = read_parallel(tsv or src, None if tsv else tgt, d.empty_lines)
+    log.info(report.summary(f"{split} corpus"))
+    return pairs
+
+
+def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[Example]:
+    """Subword ids of each pair; pairs with a side longer than ``max_len`` are dropped and counted."""
+    examples, dropped = [], 0
+    for s, t in pairs:
+        src, tgt = tokenizer.encode_src(s), tokenizer.encode_tgt(t)
+        if len(src) > max_len or len(tgt) > max_len:
+            dropped += 1
+            continue
+        examples.append((src, tgt))
+    if dropped:
+        log.warning("%s: dropped %d of %d pairs longer than data.max_len=%d subwords",
+                    name, dropped, len(pairs), max_len)
+    if not examples:
+        raise ValueError(f"{name}: every pair is longer than data.max_len={max_len}")
+    return examples
+
+
+class Trainer:
+    """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
+
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False):
+        self.cfg, self.out = cfg, Path(out_dir)
+        t = cfg.train
+        self.device = _device(t.device)
+        self.dist = _init_distributed(self.device)
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.ckpt_dir = self.out / "checkpoints"
+        checkpoints = list_checkpoints(self.ckpt_dir)
+        if resume and not checkpoints:
+            raise FileNotFoundError(f"{self.ckpt_dir}: no checkpoint to resume from")
+        if not resume and (checkpoints or (self.out / "tokenizer.json").exists()):
+            raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
+                             f"or choose another --out (nothing was overwritten)")
+        torch.manual_seed(t.seed)
+
+        train_pairs, valid_pairs = _read(cfg, "train"), _read(cfg, "valid")
+        if resume:
+            self.tokenizer = Tokenizer.load(checkpoints[-1])
+        else:
+            if self.dist.main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                Tokenizer.train(train_pairs, cfg.data.vocab_size, cfg.data.model_type, cfg.data.joint,
+                                cfg.data.character_coverage).save(self.out)
+                (self.out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+            self.dist.barrier()
+            self.tokenizer = Tokenizer.load(self.out)
+        self.train_examples = encode_pairs(train_pairs, self.tokenizer, cfg.data.max_len, "train corpus")
+        self.valid_pairs = valid_pairs
+        self.valid_examples = (encode_pairs(valid_pairs, self.tokenizer, cfg.data.max_len, "valid corpus")
+                               if valid_pairs else None)
+
+        tok = self.tokenizer
+        model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size)
+        if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
+            raise ValueError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
+        self.model = Transformer(model_cfg).to(self.device)
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.dist.world > 1
+                    else self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
+                                          eps=t.adam_eps, weight_decay=t.weight_decay)
+        self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
+                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
+                                      "target_tokens": 0}
+        if resume:
+            self.model.load_state_dict(Transformer.load(checkpoints[-1], self.device).state_dict())
+            self.state = load_training_state(checkpoints[-1], self.optimizer)
+            log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
+        self.lengths = [(len(s), len(t)) for s, t in self.train_examples]
+        self._writer = None
+
+    # one update ------------------------------------------------------------------------------
+
+    def _updates(self, epoch: int) -> list[list[list[int]]]:
+        """This epoch's updates: each a group of accum_steps × world micro-batches. The last
+        group is completed with the epoch's first batches so every process has work."""
+        t = self.cfg.train
+        batches = token_batches(self.lengths, t.max_tokens, seed=t.seed + epoch)
+        size = t.accum_steps * self.dist.world
+        groups = [batches[i: i + size] for i in range(0, len(batches), size)]
+        if len(groups[-1]) < size:
+            groups[-1] = groups[-1] + batches[: size - len(groups[-1])]
+        return groups
+
+    def _step(self, group: list[list[int]]) -> dict[str, float]:
+        t, cfg = self.cfg.train, self.model.cfg
+        batches = [collate([self.train_examples[i] for i in b], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+                   for b in group]
+        total_tokens = sum(b.n_tokens for b in batches)  # every process knows the whole group
+        mine = batches[self.dist.rank:: self.dist.world]
+        self.model.train()
+        loss_sum = nll_sum = 0.0
+        for i, batch in enumerate(mine):
+            batch = batch.to(self.device)
+            sync = i == len(mine) - 1
+            context = self.ddp.no_sync() if self.dist.world > 1 and not sync else nullcontext()
+            with context, self._autocast():
+                logits = self.ddp(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, cfg.pad_id, t.label_smoothing)
+                # DDP averages gradients over processes: scale so the result is the gradient of
+                # the loss summed over the group's tokens divided by their number.
+                (loss * self.dist.world / total_tokens).backward()
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+        step = self.state["step"] + 1
+        lr = noam_lr(step, cfg.d_model, t.warmup, t.lr_factor, t.lr_peak)
+        for group_ in self.optimizer.param_groups:
+            group_["lr"] = lr
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                   t.clip_norm if t.clip_norm > 0 else math.inf)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state["step"] = step
+        self.state["target_tokens"] += total_tokens
+        if self.dist.world > 1:
+            sums = torch.tensor([loss_sum, nll_sum], dtype=torch.float64)
+            dist.all_reduce(sums)
+            loss_sum, nll_sum = sums.tolist()
+        return {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens, "lr": lr,
+                "grad_norm": float(grad_norm), "tokens": total_tokens}
+
+    def _autocast(self):
+        if self.cfg.train.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    # validation ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        from ..decode.translate import translate_lines
+        from ..evaluate import score
+
+        self.model.eval()
+        cfg, t, d = self.model.cfg, self.cfg.train, self.cfg.decode
+        loss_sum = nll_sum = tokens = 0.0
+        lengths = [(len(s), len(tg)) for s, tg in self.valid_examples]
+        for group in token_batches(lengths, t.max_tokens, seed=None):
+            batch = collate([self.valid_examples[i] for i in group], cfg.pad_id, cfg.bos_id,
+                            cfg.eos_id).to(self.device)
+            loss, nll = label_smoothed_loss(self.model(batch.src, batch.tgt_in), batch.tgt_out,
+                                            cfg.pad_id, t.label_smoothing)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
+        result = {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens,
+                  "valid_ppl": math.exp(min(nll_sum / tokens, 50))}
+        if t.valid_bleu:
+            pairs = self.valid_pairs[: t.valid_bleu_sentences or None]
+            out = translate_lines(self.model, self.tokenizer, [s for s, _ in pairs], d.beam, d.alpha,
+                                  d.max_len_a, d.max_len_b, d.batch_tokens)
+            scores = score([o[0].text for o in out], [r for _, r in pairs])
+            result.update({f"valid_{k}": v for k, v in scores.items()})
+        return result
+
+    # the loop --------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Train until max_steps, max_epochs, the time limit or early stopping; return a summary."""
+        t = self.cfg.train
+        start = time.time() - self.state["train_seconds"]
+        bar = self._progress()
+        stop = None
+        last_log = (time.time(), self.state["target_tokens"])
+        while stop is None and self.state["epoch"] < t.max_epochs:
+            updates = self._updates(self.state["epoch"])
+            while self.state["update_in_epoch"] < len(updates):
+                stats = self._step(updates[self.state["update_in_epoch"]])
+                self.state["update_in_epoch"] += 1
+                self.state["train_seconds"] = time.time() - start
+                step = self.state["step"]
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
+                                    tok_s=f"{self._tok_s(last_log):.0f}", epoch=self.state["epoch"] + 1)
+                if step % t.log_every == 0:
+                    self._log({"step": step, "epoch": self.state["epoch"] + 1, **stats,
+                               "tok_s": round(self._tok_s(last_log)), "seconds": round(self.state["train_seconds"], 1)})
+                    last_log = (time.time(), self.state["target_tokens"])
+                if t.valid_every and step % t.valid_every == 0:
+                    stop = self._validate_and_save()
+                if t.max_steps and step >= t.max_steps:
+                    stop = stop or "max_steps"
+                if t.time_limit_minutes and self.state["train_seconds"] >= 60 * t.time_limit_minutes:
+                    stop = stop or "time_limit"
+                if stop:
+                    break
+            else:
+                self.state["epoch"] += 1
+                self.state["update_in_epoch"] = 0
+                if not t.valid_every:
+                    stop = self._validate_and_save()
+                elif self.dist.main:
+                    self._save_checkpoint()
+                continue
+            if not (t.valid_every and self.state["step"] % t.valid_every == 0):
+                self._validate_and_save()  # the stopping step gets a checkpoint too
+        if bar is not None:
+            bar.close()
+        self.dist.barrier()
+        return self._finish(stop or "max_epochs")
+
+    def _tok_s(self, last_log) -> float:
+        seconds = max(time.time() - last_log[0], 1e-9)
+        return (self.state["target_tokens"] - last_log[1]) / seconds
+
+    def _validate_and_save(self) -> str | None:
+        t = self.cfg.train
+        stop = None
+        if self.valid_examples:
+            result = self.validate()
+            metric = result.get("valid_bleu") if t.early_stop_metric == "bleu" else -result["valid_loss"]
+            if metric is None:
+                metric = -result["valid_loss"]
+            improved = self.state["best"] is None or metric > self.state["best"]
+            if improved:
+                self.state.update(best=metric, best_step=self.state["step"], bad_validations=0)
+            else:
+                self.state["bad_validations"] += 1
+            self._log({"step": self.state["step"], "epoch": self.state["epoch"], **result,
+                       "seconds": round(self.state["train_seconds"], 1), "best": improved})
+            if self.dist.main and improved:
+                save_checkpoint(self.out / "best", self.model, self.tokenizer)
+            if t.patience and self.state["bad_validations"] >= t.patience:
+                stop = "early_stopping"
+        if self.dist.main:
+            self._save_checkpoint()
+        return stop
+
+    def _save_checkpoint(self) -> None:
+        path = self.ckpt_dir / f"step_{self.state['step']:08d}"
+        save_checkpoint(path, self.model, self.tokenizer, self.optimizer, self.state)
+        for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _finish(self, reason: str) -> dict[str, Any]:
+        last = list_checkpoints(self.ckpt_dir)
+        summary = {"stopped_by": reason, "steps": self.state["step"], "epochs": self.state["epoch"],
+                   "seconds": round(self.state["train_seconds"], 1),
+                   "tok_s": round(self.state["target_tokens"] / max(self.state["train_seconds"], 1e-9)),
+                   "best_step": self.state["best_step"],
+                   "best_model": str(self.out / "best") if (self.out / "best").is_dir() else None,
+                   "last_checkpoint": str(last[-1]) if last else None}
+        self._log({"summary": summary})
+        if self._writer is not None:
+            self._writer.close()
+        return summary
+
+    def _progress(self):
+        if not (self.cfg.train.progress and self.dist.main):
+            return None
+        from tqdm import tqdm
+
+        total = self.cfg.train.max_steps or None
+        return tqdm(total=total, initial=self.state["step"], unit="step", dynamic_ncols=True, leave=False)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.dist.main:
+            return
+        log.info(json.dumps(record))
+        with open(self.out / "log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.cfg.train.tensorboard and "step" in record:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.out / "tensorboard"))
+            for key, value in record.items():
+                if key not in ("step", "best") and isinstance(value, (int, float)):
+                    self._writer.add_scalar(key, value, record["step"])
+
+
+def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train a translator as ``cfg`` says, writing everything under ``out_dir``."""
+    return Trainer(cfg, out_dir, resume).run()

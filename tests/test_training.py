@@ -1,0 +1,158 @@
+"""§5 training: loss, schedule, batching, checkpoints, exact resume, averaging, DDP."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from atencion import Transformer
+from atencion.data.batching import collate, token_batches
+from atencion.train.checkpoint import average_checkpoints, list_checkpoints
+from atencion.train.config import load_config
+from atencion.train.loss import label_smoothed_loss
+from atencion.train.schedule import noam_lr
+from atencion.train.trainer import train
+
+WORDS = "uno dos tres cuatro cinco seis siete ocho nueve diez".split()
+NUMBERS = "one two three four five six seven eight nine ten".split()
+
+
+def write_corpus(directory: Path, n: int = 300, seed: int = 0) -> dict[str, str]:
+    """A toy task: translate number words and reverse their order."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        idx = [rng.randrange(10) for _ in range(rng.randint(2, 6))]
+        src.append(" ".join(WORDS[i] for i in idx))
+        tgt.append(" ".join(NUMBERS[i] for i in reversed(idx)))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "train.es").write_text("\n".join(src) + "\n")
+    (directory / "train.en").write_text("\n".join(tgt) + "\n")
+    return {"data.train_src": str(directory / "train.es"), "data.train_tgt": str(directory / "train.en")}
+
+
+def tiny_config(data: dict[str, str], **extra):
+    overrides = {**data, "data.vocab_size": 40, "model.preset": "tiny", "model.d_model": 32,
+                 "model.d_ff": 64, "model.n_layers": 1, "model.n_heads": 2, "model.dropout": 0.1,
+                 "train.max_tokens": 256, "train.warmup": 20, "train.lr_peak": 0.01,
+                 "train.progress": False, "train.tensorboard": False, "train.log_every": 1,
+                 "train.threads": 1, **extra}
+    return load_config(None, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+def test_label_smoothed_loss_matches_torch_and_ignores_padding():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=g)
+    target = torch.tensor([[4, 5, 6, 0, 0], [7, 8, 9, 10, 3]])
+    loss, nll = label_smoothed_loss(logits, target, pad_id=0, epsilon=0.1)
+    expected = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0,
+                               label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, F.cross_entropy(logits.view(-1, 11), target.view(-1),
+                                                    ignore_index=0, reduction="sum"))
+    changed = logits.clone()
+    changed[0, 3:] = 100.0  # whatever sits at padding positions counts for nothing
+    torch.testing.assert_close(label_smoothed_loss(changed, target, 0, 0.1)[0], loss)
+
+
+def test_learning_rate_warms_up_linearly_then_decays_as_inverse_square_root():
+    d, w = 512, 4000
+    assert noam_lr(1, d, w) == pytest.approx(d ** -0.5 * w ** -1.5)
+    assert noam_lr(2000, d, w) == pytest.approx(2000 * d ** -0.5 * w ** -1.5)
+    assert noam_lr(w, d, w) == pytest.approx(d ** -0.5 * w ** -0.5)
+    assert noam_lr(4 * w, d, w) == pytest.approx(noam_lr(w, d, w) / 2)
+    assert noam_lr(2000, 128, 2000, peak=0.005) == pytest.approx(0.005)
+
+
+def test_token_batches_respect_the_budget_cover_every_example_and_are_reproducible():
+    rng = random.Random(0)
+    lengths = [(rng.randint(1, 30), rng.randint(1, 30)) for _ in range(500)]
+    batches = token_batches(lengths, 200, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        longest = max(max(lengths[i]) + 1 for i in b)
+        assert len(b) * longest <= 200
+    assert batches == token_batches(lengths, 200, seed=3)
+    assert batches != token_batches(lengths, 200, seed=4)
+
+
+def test_collate_shifts_the_target_right_for_teacher_forcing():
+    batch = collate([([5, 6, 7], [8, 9]), ([5], [10, 11, 12])], pad_id=0, bos_id=2, eos_id=3)
+    assert batch.src.tolist() == [[5, 6, 7, 3], [5, 3, 0, 0]]
+    assert batch.tgt_in.tolist() == [[2, 8, 9, 0], [2, 10, 11, 12]]
+    assert batch.tgt_out.tolist() == [[8, 9, 3, 0], [10, 11, 12, 3]]
+    assert batch.n_tokens == 7
+
+
+def test_short_training_run_brings_the_loss_far_below_its_start(tmp_path):
+    data = write_corpus(tmp_path / "data", n=400)
+    cfg = tiny_config(data, **{"train.max_steps": 80, "train.max_epochs": 100, "model.dropout": 0.0})
+    summary = train(cfg, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert summary["steps"] == 80
+    assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    common = {"train.valid_every": 3, "train.max_epochs": 100}
+    train(tiny_config(data, **common, **{"train.max_steps": 8}), tmp_path / "whole")
+    train(tiny_config(data, **common, **{"train.max_steps": 3}), tmp_path / "split")
+    with pytest.raises(ValueError, match="already holds a training run"):
+        train(tiny_config(data, **common, **{"train.max_steps": 8}), tmp_path / "split")
+    train(tiny_config(data, **common, **{"train.max_steps": 8}), tmp_path / "split", resume=True)
+    whole = weights(list_checkpoints(tmp_path / "whole" / "checkpoints")[-1])
+    split = weights(list_checkpoints(tmp_path / "split" / "checkpoints")[-1])
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert torch.equal(whole[name], split[name]), name
+    assert list_checkpoints(tmp_path / "split" / "checkpoints")[-1].name == "step_00000008"
+
+
+def test_checkpoint_averaging_averages_the_weights(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    train(tiny_config(data, **{"train.max_steps": 4, "train.valid_every": 2}), tmp_path / "run")
+    checkpoints = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert len(checkpoints) == 2
+    average_checkpoints(checkpoints, tmp_path / "avg")
+    averaged = weights(tmp_path / "avg")
+    a, b = weights(checkpoints[0]), weights(checkpoints[1])
+    for name in averaged:
+        torch.testing.assert_close(averaged[name], (a[name] + b[name]) / 2)
+    Transformer.load(tmp_path / "avg")  # a usable model directory
+    assert (tmp_path / "avg" / "spm.model").is_file()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_two_processes_equal_one_process_with_the_same_total_batch(tmp_path):
+    """torchrun with 2 CPU processes (gloo), 1 micro-batch each = 1 process accumulating 2.
+    Dropout is off: each process draws its own dropout masks."""
+    data = write_corpus(tmp_path / "data")
+    settings = {**data, "data.vocab_size": 40, "model.d_model": 32, "model.d_ff": 64, "model.n_layers": 1,
+                "model.n_heads": 2, "model.dropout": 0.0, "train.max_tokens": 256, "train.warmup": 20,
+                "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False,
+                "train.threads": 1, "train.max_steps": 5, "train.device": "cpu"}
+    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.accum_steps": 2}.items()]),
+          tmp_path / "one")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_port", "29531", "-m", "atencion", "train", "configs/reference.yaml",
+                    *args, "--set", "train.accum_steps=1", "--out", str(tmp_path / "two")],
+                   check=True, env=env, cwd=Path(__file__).parent.parent, capture_output=True)
+    one = weights(list_checkpoints(tmp_path / "one" / "checkpoints")[-1])
+    two = weights(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)
