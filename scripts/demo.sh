@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh requirements.txt
-exec atencion presets "$@"
+exec atencion demo "$@"

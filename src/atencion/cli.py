@@ -103,12 +103,23 @@ def cmd_demo(args: argparse.Namespace) -> None:
     (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
     from .demo.run import run_demo
 
-    out = Path(args.out)
+    import time
+
+    out = Path(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"))
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty; choose another directory "
                          f"(nothing was overwritten)")
-    summary = run_demo(out, args.config, args.set or [], seed=args.seed)
+    summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
+                       n_test=args.test_size, seed=args.seed)
     print(json.dumps(summary))
+
+
+def cmd_download(args: argparse.Namespace) -> None:
+    """Download a public dataset (Multi30k task 1: raw/ and tok/ files, train/val/test2016)."""
+    from .data.download import MULTI30K_URL, download_multi30k
+
+    written = download_multi30k(args.out, args.base_url or MULTI30K_URL)
+    print(json.dumps({"dataset": args.dataset, "out": args.out, "files_written": len(written)}))
 
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:
@@ -137,10 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="train the embedded Spanish→English model and translate examples",
                        description=cmd_demo.__doc__)
-    p.add_argument("--out", default="runs/demo", help="output directory, must be new or empty (default: runs/demo)")
+    p.add_argument("--out", help="output directory, new or empty (default: runs/demo-DATE-TIME)")
     p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated corpus (default: 0)")
+    p.add_argument("--train-size", type=int, default=12000, help="generated training pairs (default: 12000)")
+    p.add_argument("--test-size", type=int, default=500, help="held-out test pairs (default: 500)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a translator", description=cmd_train.__doc__)
@@ -166,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
     p.add_argument("--output", help="also write the translations to this file")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("download", help="download a public dataset (multi30k)", description=cmd_download.__doc__)
+    p.add_argument("dataset", choices=["multi30k"], help="which dataset")
+    p.add_argument("--out", default="data/multi30k", help="output directory (default: data/multi30k)")
+    p.add_argument("--base-url", help="repository URL to fetch from (default: the multi30k/dataset GitHub repository)")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
     p.add_argument("--out", required=True, help="output model directory")

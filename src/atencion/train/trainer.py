@@ -336,8 +336,11 @@ class Trainer:
             return None
         from tqdm import tqdm
 
-        total = self.cfg.train.max_steps or None
-        return tqdm(total=total, initial=self.state["step"], unit="step", dynamic_ncols=True, leave=False)
+        t = self.cfg.train
+        total = t.max_steps or len(self._updates(0)) * t.max_epochs  # for the ETA
+        # disable=None: no bar when stderr is not a terminal (logs stay readable)
+        return tqdm(total=total, initial=self.state["step"], unit="step", dynamic_ncols=True, leave=False,
+                    disable=None)
 
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.main:

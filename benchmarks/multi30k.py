@@ -1,0 +1,74 @@
+"""Transformer-Tiny on Multi30k: train, average the last epoch checkpoints, evaluate on test2016.
+
+    python benchmarks/multi30k.py --minutes 20 --out runs/m30k-en-de
+    python benchmarks/multi30k.py --tgt fr --out runs/m30k-en-fr
+
+Reads the tok/ files (lower-cased, Moses-tokenized) of --data (default ../shared/data/multi30k;
+`atencion download multi30k --out DIR` fetches them elsewhere) and prints one JSON object:
+training time, tokens/s, best validation BLEU, and test2016 bleu_tok (tokenized lower-cased
+BLEU, the published metric), sacreBLEU and chrF on those same tokenized files, for the
+averaged model and for the best single checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"),
+                        help="Multi30k directory with tok/ (default: ../shared/data/multi30k)")
+    parser.add_argument("--src", default="en", help="source language (default: en)")
+    parser.add_argument("--tgt", default="de", choices=["de", "fr", "en"], help="target language (default: de)")
+    parser.add_argument("--out", default="runs/multi30k", help="output directory (must not hold a run)")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_en_de_tiny.yaml"))
+    parser.add_argument("--minutes", type=float, default=0, help="training time limit (0: the config's)")
+    parser.add_argument("--average", type=int, default=10, help="average the last N checkpoints (default: 10)")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+    from atencion.evaluate import evaluate
+    from atencion.train.checkpoint import average_checkpoints, list_checkpoints
+    from atencion.train.config import load_config
+    from atencion.train.trainer import train
+
+    tok = Path(args.data) / "tok"
+    files = {f"{split}_{side}": str(tok / f"{name}.lc.norm.tok.{lang}.gz")
+             for split, name in (("train", "train"), ("valid", "val"))
+             for side, lang in (("src", args.src), ("tgt", args.tgt))}
+    overrides = [f"data.{key}={value}" for key, value in files.items()]
+    if args.minutes:
+        overrides.append(f"train.time_limit_minutes={args.minutes}")
+    cfg = load_config(args.config, overrides + args.set)
+    out = Path(args.out)
+    summary = train(cfg, out / "run")
+
+    checkpoints = list_checkpoints(out / "run" / "checkpoints")[-args.average:]
+    average_checkpoints(checkpoints, out / "averaged")
+    test_src = tok / f"test_2016_flickr.lc.norm.tok.{args.src}.gz"
+    test_ref = tok / f"test_2016_flickr.lc.norm.tok.{args.tgt}.gz"
+    result = {"pair": f"{args.src}-{args.tgt}", "train": summary, "averaged_checkpoints": len(checkpoints)}
+    for name, model_dir in (("averaged", out / "averaged"), ("best", summary["best_model"])):
+        if model_dir is None:
+            continue
+        scores = evaluate(model_dir, test_src, test_ref, beam=args.beam, alpha=args.alpha,
+                          output=out / f"test2016.{name}.{args.tgt}")
+        result[f"test2016_{name}"] = {k: scores[k] for k in ("bleu_tok", "bleu", "chrf")}
+    log_lines = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
+    result["valid_curve"] = [(r["seconds"], r.get("valid_bleu_tok")) for r in log_lines if "valid_loss" in r]
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""`atencion demo` end to end, shrunk to seconds (the full demo is the README's main command)."""
+
+import json
+
+from atencion.cli import main
+from atencion.data.tokenizer import Tokenizer
+from atencion.nn.transformer import Transformer
+
+
+def test_demo_prints_examples_and_ends_with_a_json_summary(tmp_path, capsys):
+    fast = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "model.n_heads=2",
+            "train.max_steps=6", "train.valid_every=3", "train.progress=false", "train.tensorboard=false",
+            "decode.beam=2"]
+    args = ["demo", "--out", str(tmp_path / "demo"), "--train-size", "300", "--test-size", "20"]
+    assert main(args + [a for s in fast for a in ("--set", s)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert {"exact_match", "bleu", "seconds", "model_dir"} <= set(summary)
+    assert 0.0 <= summary["exact_match"] <= 1.0
+    assert any("el gato negro come el ratón" in line for line in lines[:-1])
+    Transformer.load(summary["model_dir"])
+    Tokenizer.load(summary["model_dir"])
+    for name in ("train", "valid", "test"):
+        es = (tmp_path / "demo" / "data" / f"{name}.es").read_text().splitlines()
+        align = (tmp_path / "demo" / "data" / f"{name}.align").read_text().splitlines()
+        assert len(es) == len(align) > 0
+
+
+def test_demo_refuses_a_directory_that_holds_something(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (tmp_path / "d" / "notes.txt").read_text() == "mine"
