@@ -164,7 +164,7 @@ def test_missing_or_corrupt_model_files_are_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="model.safetensors: model weights not found"):
         Transformer.load(tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text("{broken")
-    with pytest.raises(ValueError, match="config.json: not a valid JSON config"):
+    with pytest.raises(ValueError, match="config.json: not a valid JSON model config"):
         Transformer.load(tmp_path / "m")
     (tmp_path / "m" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json: model config not found"):

@@ -156,3 +156,19 @@ def test_two_processes_equal_one_process_with_the_same_total_batch(tmp_path):
     two = weights(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)
+
+
+def test_pairs_over_the_maximum_length_are_dropped_and_counted(caplog):
+    from atencion.train.trainer import encode_pairs
+
+    class Words:  # a stand-in tokenizer: one id per word
+        def encode_src(self, text):
+            return [5] * len(text.split())
+
+        encode_tgt = encode_src
+
+    pairs = [("a b", "c"), ("a b c d e", "f"), ("a", "b c d e f g"), ("x", "y")]
+    with caplog.at_level("WARNING"):
+        kept = encode_pairs(pairs, Words(), max_len=3, name="train corpus")
+    assert kept == [([5, 5], [5]), ([5], [5])]
+    assert "train corpus: dropped 2 of 4 pairs longer than data.max_len=3" in caplog.text

@@ -118,14 +118,9 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: model config not found")
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not a valid JSON config ({err})") from None
-        return cls.from_dict(values, source=str(path))
+        from .fileio import read_json
+
+        return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -39,3 +39,16 @@ def atomic_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def read_json(path: str | os.PathLike, what: str):
+    """The JSON value in ``path``; FileNotFoundError or ValueError naming the file and ``what`` it is."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {what} not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a valid JSON {what} ({err})") from None

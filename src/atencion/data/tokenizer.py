@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, read_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT_FILE, SRC_FILE, TGT_FILE, INFO_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "tokenizer.json"
@@ -91,13 +91,7 @@ class Tokenizer:
         import sentencepiece as spm
 
         directory = Path(directory)
-        info_path = directory / INFO_FILE
-        if not info_path.is_file():
-            raise FileNotFoundError(f"{info_path}: tokenizer description not found (is {directory} a model directory?)")
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{info_path}: not valid JSON ({err})") from None
+        info = read_json(directory / INFO_FILE, "tokenizer description")
         names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
         models = []
         for name in names:

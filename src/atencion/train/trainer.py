@@ -147,7 +147,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
                                           eps=t.adam_eps, weight_decay=t.weight_decay)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
-                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
+                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0, "valid_seconds": 0.0,
                                       "target_tokens": 0}
         if resume:
             self.model.load_state_dict(Transformer.load(checkpoints[-1], self.device).state_dict())
@@ -264,9 +264,11 @@ class Trainer:
                     last_log = (time.time(), self.state["target_tokens"])
                 if t.valid_every and step % t.valid_every == 0:
                     stop = self._validate_and_save()
+                    last_log = (time.time(), self.state["target_tokens"])
                 if t.max_steps and step >= t.max_steps:
                     stop = stop or "max_steps"
-                if t.time_limit_minutes and self.state["train_seconds"] >= 60 * t.time_limit_minutes:
+                if t.time_limit_minutes and self._any_process(
+                        self.state["train_seconds"] >= 60 * t.time_limit_minutes):
                     stop = stop or "time_limit"
                 if stop:
                     break
@@ -275,6 +277,7 @@ class Trainer:
                 self.state["update_in_epoch"] = 0
                 if not t.valid_every:
                     stop = self._validate_and_save()
+                    last_log = (time.time(), self.state["target_tokens"])
                 elif self.dist.main:
                     self._save_checkpoint()
                 continue
@@ -285,11 +288,28 @@ class Trainer:
         self.dist.barrier()
         return self._finish(stop or "max_epochs")
 
+    def _any_process(self, flag: bool) -> bool:
+        """True on every process if it is true on one (clocks differ; the steps must not)."""
+        if self.dist.world == 1:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
     def _tok_s(self, last_log) -> float:
         seconds = max(time.time() - last_log[0], 1e-9)
         return (self.state["target_tokens"] - last_log[1]) / seconds
 
     def _validate_and_save(self) -> str | None:
+        """Validate (if there is validation data) and checkpoint; the time it takes is kept
+        apart so that tokens/s measures training alone."""
+        began = time.time()
+        try:
+            return self._validate_and_save_timed()
+        finally:
+            self.state["valid_seconds"] += time.time() - began
+
+    def _validate_and_save_timed(self) -> str | None:
         t = self.cfg.train
         stop = None
         if self.valid_examples:
@@ -322,7 +342,9 @@ class Trainer:
         last = list_checkpoints(self.ckpt_dir)
         summary = {"stopped_by": reason, "steps": self.state["step"], "epochs": self.state["epoch"],
                    "seconds": round(self.state["train_seconds"], 1),
-                   "tok_s": round(self.state["target_tokens"] / max(self.state["train_seconds"], 1e-9)),
+                   "valid_seconds": round(self.state["valid_seconds"], 1),
+                   "tok_s": round(self.state["target_tokens"]
+                                  / max(self.state["train_seconds"] - self.state["valid_seconds"], 1e-9)),
                    "best_step": self.state["best_step"],
                    "best_model": str(self.out / "best") if (self.out / "best").is_dir() else None,
                    "last_checkpoint": str(last[-1]) if last else None}
