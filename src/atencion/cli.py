@@ -122,6 +122,51 @@ def cmd_download(args: argparse.Namespace) -> None:
     print(json.dumps({"dataset": args.dataset, "out": args.out, "files_written": len(written)}))
 
 
+def cmd_attention(args: argparse.Namespace) -> None:
+    """Write every attention map of one sentence pair into --out: encoder.png, decoder.png,
+    cross.png (layers × heads), cross_mean.png, bertviz.json and attention.html. Without --tgt
+    the model translates --src first (beam search) and its output is the target."""
+    from .data.tokenizer import Tokenizer
+    from .nn.transformer import Transformer
+    from .viz.attention import CAUTION
+    from .viz.report import write_attention_report
+
+    print(f"note: {CAUTION}", file=sys.stderr)
+    model = Transformer.load(args.model, map_location=args.device).eval()
+    summary = write_attention_report(model, Tokenizer.load(args.model), args.src, args.out, args.tgt,
+                                     args.words, args.shift, args.beam)
+    print(json.dumps(summary, ensure_ascii=False))
+
+
+def cmd_aer(args: argparse.Namespace) -> None:
+    """Alignment error rate of cross-attention: teacher-force each gold target (no decoding), link
+    every target word to the source word it attends to most (per layer with heads averaged, and
+    all layers averaged), score against --align; prints a markdown table, then one JSON line."""
+    from .data.corpus import read_lines
+    from .data.tokenizer import Tokenizer
+    from .nn.transformer import Transformer
+    from .viz.attention import CAUTION, evaluate_alignment, format_aer_table
+
+    print(f"note: {CAUTION}", file=sys.stderr)
+    model = Transformer.load(args.model, map_location=args.device).eval()
+    result = evaluate_alignment(model, Tokenizer.load(args.model), read_lines(args.src), read_lines(args.tgt),
+                                read_lines(args.align, allow_empty=True), args.shift, args.max_sentences)
+    print(format_aer_table(result))
+    print(json.dumps(result))
+
+
+def cmd_figures(args: argparse.Namespace) -> None:
+    """Compute the course's figures and tables on this machine: sinusoidal positions, maximum path
+    lengths, Table 1 measured (time and memory per layer), and why attention divides by √d_k."""
+    from .viz.figures import FigureSettings, summary, write_figures
+
+    result = write_figures(args.out, FigureSettings.quick() if args.quick else FigureSettings.full())
+    print(summary(result))
+    print("wrote:")
+    for path in result["files"]:
+        print(f"  {path}")
+
+
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
@@ -185,6 +230,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="data/multi30k", help="output directory (default: data/multi30k)")
     p.add_argument("--base-url", help="repository URL to fetch from (default: the multi30k/dataset GitHub repository)")
     p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("attention", help="plot every attention map of one sentence pair",
+                       description=cmd_attention.__doc__)
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--src", required=True, help="source sentence")
+    p.add_argument("--tgt", help="target sentence, teacher-forced (default: the model's own translation)")
+    p.add_argument("--out", required=True, help="output directory (files of the same names are replaced)")
+    p.add_argument("--words", action="store_true",
+                   help="aggregate subword pieces into words: mean over a word's query rows, sum over its key columns")
+    p.add_argument("--shift", choices=["predict", "input"], default="predict",
+                   help="cross-attention row for target piece j: 'predict', row j, whose output predicts it "
+                        "(default); 'input', row j+1, where it is the decoder's input")
+    p.add_argument("--beam", type=int, default=4, help="beam size when decoding (default: 4)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("aer", help="alignment error rate of cross-attention against gold alignments",
+                       description=cmd_aer.__doc__)
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--src", required=True, help="source sentences, one a line")
+    p.add_argument("--tgt", required=True, help="target sentences (teacher-forced), aligned with --src")
+    p.add_argument("--align", required=True, help="gold alignments, Pharaoh 'i-j' (source i, target j; 'i?j' possible)")
+    p.add_argument("--max-sentences", type=int, default=0, help="use the first N sentences (default: all)")
+    p.add_argument("--shift", choices=["predict", "input"], default="predict",
+                   help="cross-attention row for target word j: 'predict' (row j, default) or 'input' (row j+1)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+    p.set_defaults(func=cmd_aer)
+
+    p = sub.add_parser("figures", help="the course's figures and Table 1, measured here",
+                       description=cmd_figures.__doc__)
+    p.add_argument("--out", required=True, help="output directory (files in it with the same names are replaced)")
+    p.add_argument("--quick", action="store_true", help="Table 1 for n ≤ 512 and fewer samples (well under a minute)")
+    p.set_defaults(func=cmd_figures)
 
     p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
     p.add_argument("--out", required=True, help="output model directory")

@@ -1,0 +1,278 @@
+"""Attention weights (eq. 1, §3.2.3) of a trained Transformer: capture, words, alignment, AER.
+
+Caution: attention weights help to inspect a model; they are not a causal explanation of its
+decisions (a head can attend to a word that changes nothing downstream, and the residual
+stream carries information the weights do not show).
+
+Positions. The encoder reads the source pieces and </s>. The decoder reads <s> + the target
+pieces (teacher forcing); its output at position j predicts target piece j, and </s> after the
+last. Encoder self-attention is (S+1) × (S+1), decoder masked self-attention (T+1) × (T+1),
+labelled on both axes by the decoder's inputs <s> p_0 … p_{T-1}, and cross-attention
+(T+1) × (S+1).
+
+Row shift: which cross-attention row stands for target piece j.
+  "predict" (default): row j, the row whose output predicts p_j (its input is p_{j-1}, or <s>).
+  "input":             row j+1, the row where p_j is the decoder's input.
+A cross-attention map is labelled by the piece each row stands for: "predict" gives the rows
+the labels p_0 … p_{T-1} </s>, "input" gives <s> p_0 … p_{T-1}. The matrix is the same; word
+alignment and the plots read the labels, so they follow the shift.
+
+Words. Pieces group into words at SentencePiece's "▁" (a piece that starts with it starts a
+word); <s> and </s> stay words of their own. ``aggregate_words`` reduces a word's rows and its
+columns with "mean" or "sum". The default, rows="mean", cols="sum" (Clark et al. 2019, "What
+does BERT look at?"), keeps every row a distribution: a word's attention *to* a word is the sum
+over that word's key pieces, averaged over the word's query pieces, so a row still sums to 1.
+The issue's wording, "sum over a word's target pieces (rows), mean over its source pieces
+(columns)", is rows="sum", cols="mean": a row then sums to Σ over the word's pieces of the
+mean weight per key word, which is no longer 1 (with one-piece words everywhere both agree).
+Word alignment always uses the default; the argmax over source words does not depend on the
+row reduction, only on the column one.
+
+AER (Och and Ney 2003): AER = 1 − (|A∩S| + |A∩P|) / (|A| + |S|) for predicted links A, sure
+links S and possible links P ⊇ S; with one gold set, P = S and AER = 1 − F1.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+CAUTION = ("attention weights help to inspect a model; they are not a causal explanation "
+           "of its decisions")
+BOS, EOS = "<s>", "</s>"
+SPECIALS = (BOS, EOS)
+KINDS = ("encoder", "decoder", "cross")
+SHIFTS = ("predict", "input")
+REDUCTIONS = {"sum": np.sum, "mean": np.mean}
+WORD_START = "▁"
+
+Link = tuple[int, int]   # (source word, target word), 0-based, as in Pharaoh "i-j"
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """One kind of attention at every layer and head: ``weights`` (layers, h, queries, keys);
+    ``rows`` and ``cols`` label the queries and keys (pieces, or words when ``words``)."""
+
+    kind: str
+    weights: np.ndarray
+    rows: list[str]
+    cols: list[str]
+    words: bool = False
+
+    def mean(self, layer: int | None = None) -> np.ndarray:
+        """The head average of one layer (0-based), or of every layer when ``layer`` is None."""
+        heads = self.weights.mean(axis=1)
+        return heads.mean(axis=0) if layer is None else heads[layer]
+
+    def to_words(self, rows: str = "mean", cols: str = "sum") -> "AttentionMap":
+        """Pieces → words (see the module docstring); a word-level map is returned as it is."""
+        if self.words:
+            return self
+        weights = aggregate_words(self.weights, word_spans(self.rows), word_spans(self.cols), rows, cols)
+        return AttentionMap(self.kind, weights, word_labels(self.rows), word_labels(self.cols), True)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Every attention map of one (source, target) pair, as one teacher-forced pass computed it."""
+
+    src: str
+    tgt: str
+    shift: str
+    encoder: AttentionMap
+    decoder: AttentionMap
+    cross: AttentionMap
+
+    def maps(self) -> dict[str, AttentionMap]:
+        return {kind: getattr(self, kind) for kind in KINDS}
+
+    def to_words(self, rows: str = "mean", cols: str = "sum") -> "Attention":
+        return replace(self, **{kind: amap.to_words(rows, cols) for kind, amap in self.maps().items()})
+
+
+def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: str = "predict") -> Attention:
+    """Run ``model`` (in eval mode, without gradients) on one pair and keep every attention weight.
+
+    ``tgt`` is the target text or its piece ids (e.g. the tokens a beam search returned, which
+    need not be the segmentation that encoding the decoded text would give).
+    """
+    if shift not in SHIFTS:
+        raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
+    src = src.strip()
+    if not src:
+        raise ValueError("the source sentence is empty")
+    cfg = model.cfg
+    src_ids = tokenizer.encode_src(src)
+    tgt_ids = tokenizer.encode_tgt(tgt.strip()) if isinstance(tgt, str) else list(tgt)
+    tgt_text = tgt.strip() if isinstance(tgt, str) else tokenizer.decode_tgt(tgt_ids)
+    device = next(model.parameters()).device
+    src_tensor = torch.tensor([src_ids + [cfg.eos_id]], device=device)
+    tgt_tensor = torch.tensor([[cfg.bos_id] + tgt_ids], device=device)
+    model.eval()
+    with torch.no_grad():
+        _, attn = model(src_tensor, tgt_tensor, return_attention=True)
+    weights = {kind: torch.stack(attn[kind])[:, 0].float().cpu().numpy() for kind in KINDS}
+
+    src_tokens = [tokenizer.src.id_to_piece(i) for i in src_ids] + [EOS]
+    tgt_pieces = [tokenizer.tgt.id_to_piece(i) for i in tgt_ids]
+    tgt_inputs = [BOS] + tgt_pieces
+    cross_rows = tgt_pieces + [EOS] if shift == "predict" else tgt_inputs
+    return Attention(src, tgt_text, shift,
+                     AttentionMap("encoder", weights["encoder"], src_tokens, src_tokens),
+                     AttentionMap("decoder", weights["decoder"], tgt_inputs, tgt_inputs),
+                     AttentionMap("cross", weights["cross"], cross_rows, src_tokens))
+
+
+# words -----------------------------------------------------------------------------------------
+
+def word_spans(labels: list[str]) -> list[list[int]]:
+    """Positions grouped into words: a piece starting with "▁" starts a word, and so do <s>,
+    </s> and whatever follows them."""
+    spans: list[list[int]] = []
+    for i, label in enumerate(labels):
+        if not spans or label in SPECIALS or label.startswith(WORD_START) or labels[i - 1] in SPECIALS:
+            spans.append([i])
+        else:
+            spans[-1].append(i)
+    return spans
+
+
+def word_labels(labels: list[str]) -> list[str]:
+    """The words of ``word_spans``, without "▁" (<s> and </s> as they are)."""
+    return ["".join(labels[i] for i in span).replace(WORD_START, "") or WORD_START
+            for span in word_spans(labels)]
+
+
+def aggregate_words(weights: np.ndarray, row_spans: list[list[int]], col_spans: list[list[int]],
+                    rows: str = "mean", cols: str = "sum") -> np.ndarray:
+    """(…, queries, keys) → (…, query words, key words): each word's columns reduced by ``cols``,
+    then each word's rows by ``rows`` ("sum" or "mean"). The default keeps rows summing to 1."""
+    if rows not in REDUCTIONS or cols not in REDUCTIONS:
+        raise ValueError(f"rows and cols must each be 'sum' or 'mean', got {rows!r} and {cols!r}")
+    weights = np.asarray(weights)
+    by_col = np.stack([REDUCTIONS[cols](weights[..., span], axis=-1) for span in col_spans], axis=-1)
+    return np.stack([REDUCTIONS[rows](by_col[..., span, :], axis=-2) for span in row_spans], axis=-2)
+
+
+# alignment -------------------------------------------------------------------------------------
+
+def _real(labels: list[str]) -> list[int]:
+    return [i for i, label in enumerate(labels) if label not in SPECIALS]
+
+
+def word_alignment(cross: AttentionMap, layer: int | None = None, head: int | None = None) -> set[Link]:
+    """Each target word linked to the source word its cross-attention weighs most.
+
+    Heads averaged (or ``head`` alone), of one layer (0-based) or of every layer averaged
+    (``layer`` None). Rows follow the map's row shift; <s> and </s> take no part, neither as
+    rows nor as columns. Words come from ``AttentionMap.to_words`` with its default reduction.
+    """
+    words = cross.to_words()
+    per_head = words.weights if head is None else words.weights[:, head:head + 1]
+    matrix = per_head.mean(axis=1)
+    matrix = matrix.mean(axis=0) if layer is None else matrix[layer]
+    rows, cols = _real(words.rows), _real(words.cols)
+    if not rows or not cols:
+        return set()
+    best = matrix[np.ix_(rows, cols)].argmax(axis=1)
+    return {(int(i), j) for j, i in enumerate(best)}
+
+
+def parse_pharaoh(line: str) -> tuple[set[Link], set[Link]]:
+    """Sure and possible links of one line: "i-j" is sure, "i?j" possible only (0-based)."""
+    sure, possible = set(), set()
+    for item in line.split():
+        sep = "-" if "-" in item else "?"
+        left, _, right = item.partition(sep)
+        if not (left.isdigit() and right.isdigit()):
+            raise ValueError(f"{item!r} is not an alignment link 'i-j' (or 'i?j')")
+        (sure if sep == "-" else possible).add((int(left), int(right)))
+    return sure, possible | sure
+
+
+def format_pharaoh(links: Iterable[Link]) -> str:
+    return " ".join(f"{i}-{j}" for i, j in sorted(links, key=lambda link: (link[1], link[0])))
+
+
+def alignment_error_rate(predicted: Iterable[Link], sure: Iterable[Link],
+                         possible: Iterable[Link] | None = None) -> float:
+    """AER = 1 − (|A∩S| + |A∩P|) / (|A| + |S|) of one sentence (Och and Ney 2003).
+
+    ``possible`` defaults to ``sure``; it is taken as P ∪ S, so that P ⊇ S. With nothing
+    predicted and nothing sure, AER is 0.
+    """
+    return corpus_alignment_error_rate([predicted], [sure], None if possible is None else [possible])
+
+
+def corpus_alignment_error_rate(predicted: list[Iterable[Link]], sure: list[Iterable[Link]],
+                                possible: list[Iterable[Link]] | None = None) -> float:
+    """AER of a corpus: the counts of every sentence summed before the division."""
+    if len(predicted) != len(sure) or (possible is not None and len(possible) != len(sure)):
+        raise ValueError(f"{len(predicted)} predicted alignments for {len(sure)} gold ones")
+    hits = size = 0
+    for k, (a, s) in enumerate(zip(predicted, sure)):
+        a, s = set(a), set(s)
+        p = s if possible is None else set(possible[k]) | s
+        hits += len(a & s) + len(a & p)
+        size += len(a) + len(s)
+    return 1.0 - hits / size if size else 0.0
+
+
+def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str], gold: list[str],
+                       shift: str = "predict", max_sentences: int = 0) -> dict:
+    """AER of cross-attention alignments against gold Pharaoh lines, teacher-forcing each gold
+    target (no decoding): per layer (heads averaged), every layer averaged, and per head."""
+    if not len(sources) == len(targets) == len(gold):
+        raise ValueError(f"{len(sources)} sources, {len(targets)} targets and {len(gold)} alignments: "
+                         f"the files must be aligned line by line")
+    n = len(sources) if max_sentences <= 0 else min(max_sentences, len(sources))
+    n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
+    layer_links: list[list[set[Link]]] = [[] for _ in range(n_layers)]
+    head_links = [[[] for _ in range(n_heads)] for _ in range(n_layers)]
+    mean_links, sure, possible = [], [], []
+    for k in range(n):
+        if not sources[k].strip():
+            raise ValueError(f"line {k + 1}: the source sentence is empty")
+        attention = capture_attention(model, tokenizer, sources[k], targets[k], shift)
+        cross = attention.cross.to_words()
+        shape = (len(_real(cross.cols)), len(_real(cross.rows)))
+        expected = (len(sources[k].split()), len(targets[k].split()))
+        if shape != expected:
+            raise ValueError(f"line {k + 1}: the pieces make {shape[0]} source and {shape[1]} target "
+                             f"words, the text has {expected[0]} and {expected[1]}")
+        s, p = parse_pharaoh(gold[k])
+        sure.append(s)
+        possible.append(p)
+        mean_links.append(word_alignment(cross))
+        for layer in range(n_layers):
+            layer_links[layer].append(word_alignment(cross, layer))
+            for head in range(n_heads):
+                head_links[layer][head].append(word_alignment(cross, layer, head))
+    log.info("aligned %d sentences", n)
+
+    def aer(links):
+        return round(corpus_alignment_error_rate(links, sure, possible), 4)
+
+    layers = [aer(links) for links in layer_links]
+    return {"sentences": n, "shift": shift, "layers": layers, "layers_mean": aer(mean_links),
+            "best_layer": int(np.argmin(layers)) + 1,
+            "heads": [[aer(links) for links in per_layer] for per_layer in head_links]}
+
+
+def format_aer_table(result: dict) -> str:
+    """A markdown table of ``evaluate_alignment``'s result: one row per layer, then the mean."""
+    lines = [f"AER of cross-attention alignments ({result['sentences']} sentences, row shift "
+             f"'{result['shift']}'; lower is better)", "",
+             "| layer | AER (heads averaged) | best head | its AER |", "|---|---|---|---|"]
+    for layer, (value, heads) in enumerate(zip(result["layers"], result["heads"]), start=1):
+        best = int(np.argmin(heads))
+        lines.append(f"| {layer} | {value:.4f} | {best + 1} | {heads[best]:.4f} |")
+    lines.append(f"| all layers averaged | {result['layers_mean']:.4f} | | |")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Heatmaps of attention weights with matplotlib (the Agg canvas: no display, no global backend).
+
+Queries are rows (y, top to bottom) and keys are columns (x): for cross-attention the source
+runs along x and the target down y, as in the usual figure of a translation's alignment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..fileio import atomic_write
+from .attention import AttentionMap
+
+CMAP = "viridis"
+TITLES = {"encoder": "encoder self-attention", "decoder": "decoder masked self-attention",
+          "cross": "encoder-decoder (cross) attention"}
+
+
+def _cell_inches(n_tokens: int) -> float:
+    return min(6.0, max(2.2, 0.22 * n_tokens))
+
+
+def _label(ax, amap: AttentionMap, x: bool = True, y: bool = True) -> None:
+    size = 8 if max(len(amap.rows), len(amap.cols)) <= 20 else 6
+    ax.set_xticks(range(len(amap.cols)))
+    ax.set_yticks(range(len(amap.rows)))
+    ax.set_xticklabels(amap.cols if x else [], rotation=90, fontsize=size)
+    ax.set_yticklabels(amap.rows if y else [], fontsize=size)
+
+
+def _vmax(weights: np.ndarray) -> float:
+    """Probabilities on a fixed 0–1 scale (a word-level "sum" reduction may exceed 1)."""
+    return max(1.0, float(weights.max()) if weights.size else 1.0)
+
+
+def grid_figure(amap: AttentionMap) -> Figure:
+    """A layers × heads grid of heatmaps, token labels on the first column and the last row."""
+    n_layers, n_heads = amap.weights.shape[:2]
+    side = _cell_inches(max(len(amap.rows), len(amap.cols)))
+    fig = Figure(figsize=(side * n_heads + 1.5, side * n_layers + 1.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    vmax = _vmax(amap.weights)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            ax = axes[layer][head]
+            image = ax.imshow(amap.weights[layer, head], cmap=CMAP, vmin=0.0, vmax=vmax, aspect="auto")
+            _label(ax, amap, x=layer == n_layers - 1, y=head == 0)
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.6)
+    unit = "words" if amap.words else "pieces"
+    fig.suptitle(f"{TITLES[amap.kind]} ({unit}; rows: queries, columns: keys)")
+    return fig
+
+
+def mean_figure(amap: AttentionMap, layer: int | None = None) -> Figure:
+    """One heatmap: the head average of ``layer`` (0-based), or of every layer when None."""
+    side = max(3.0, 0.35 * max(len(amap.rows), len(amap.cols)))
+    fig = Figure(figsize=(side + 1.5, side + 0.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    matrix = amap.mean(layer)
+    image = ax.imshow(matrix, cmap=CMAP, vmin=0.0, vmax=_vmax(matrix), aspect="auto")
+    _label(ax, amap)
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    which = "every layer and head" if layer is None else f"every head of layer {layer + 1}"
+    ax.set_title(f"{TITLES[amap.kind]}\nmean of {which}", fontsize=9)
+    if amap.kind == "cross":
+        ax.set_xlabel("source")
+        ax.set_ylabel("target")
+    return fig
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``path`` (format from its suffix), atomically."""
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
+    return path
