@@ -167,6 +167,15 @@ def cmd_figures(args: argparse.Namespace) -> None:
         print(f"  {path}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    """Export a model directory for another runtime: ctranslate2 (CTranslate2 model), hf (Hugging
+    Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
+    from .export import export_model_dir
+
+    files = export_model_dir(args.model, args.out, args.format)
+    print(json.dumps({"format": args.format, "out": args.out, "files": files}))
+
+
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
@@ -263,6 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (files in it with the same names are replaced)")
     p.add_argument("--quick", action="store_true", help="Table 1 for n ≤ 512 and fewer samples (well under a minute)")
     p.set_defaults(func=cmd_figures)
+
+    p = sub.add_parser("export", help="export a model to ctranslate2, hf (Marian) or onnx",
+                       description=cmd_export.__doc__)
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
+    p.add_argument("--out", required=True, help="output directory, new or empty")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
     p.add_argument("--out", required=True, help="output model directory")

@@ -8,9 +8,10 @@ sentences, feed one new token per step through the decoder's key/value caches
 
 Conventions:
 
-* Scores are the model's own log-probabilities: a float32 log-softmax over the whole target
-  vocabulary, after which PAD and BOS get -inf so they are never generated. A hypothesis's
-  ``log_prob`` is therefore the sum a teacher-forced forward pass gives for BOS + tokens (+ EOS).
+* Scores are log-probabilities of the model's distribution over the tokens that can be
+  generated: PAD and BOS get -inf logits, then a float32 log-softmax (CTranslate2 and Hugging
+  Face's ``suppress_tokens`` do the same, so the decoders agree). A hypothesis's ``log_prob`` is
+  the sum a teacher-forced forward pass gives for tokens (+ EOS) under that distribution.
 * Maximum length: sentence i may generate at most ``int(a * n_i + b)`` tokens, with n_i its
   real (non-pad) source length. A hypothesis that reaches that length without EOS is finished
   there (a *forced end*): no EOS is appended or scored; it keeps the log-prob it has.
@@ -69,13 +70,12 @@ def _max_lengths(model, src_ids: Tensor, a: float, b: float) -> list[int]:
 
 
 def _next_log_probs(model, last: Tensor, state) -> Tensor:
-    """(rows, vocab) float32 log-probabilities of the next token, PAD and BOS set to -inf."""
+    """(rows, vocab) float32 log-probabilities of the next token; PAD and BOS are never generated."""
     logits = model.decode_step(last.unsqueeze(1), state)[:, -1].float()
-    log_probs = torch.log_softmax(logits, dim=-1)
     cfg = model.cfg
     banned = sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})
-    log_probs[:, banned] = float("-inf")
-    return log_probs
+    logits[:, banned] = float("-inf")
+    return torch.log_softmax(logits, dim=-1)
 
 
 # greedy ----------------------------------------------------------------------------------------

@@ -1,0 +1,285 @@
+"""Speed, side by side on one machine, same weights and inputs: atencion vs Hugging Face
+MarianMTModel (training and `generate`) vs CTranslate2 (float32, int8).
+
+    python benchmarks/speed.py            # a table
+    python benchmarks/speed.py --json     # one JSON object
+    python benchmarks/speed.py --quick    # fewer steps and sentences (under 3 minutes)
+
+Two sizes: Transformer-Tiny (4+4 layers, d_model 128, d_ff 256, 4 heads) and `base`
+(6+6, 512, 2048, 8), both with a 10,000-token shared vocabulary and random weights (the same
+weights in every engine: the HF model is built from the equivalent MarianConfig, atencion imports
+it, CTranslate2 gets atencion's export). Inputs are token ids with the lengths of Multi30k
+(train for training batches of ~4,096 target tokens, val for decoding; --data), or synthetic
+lengths if the data is not there. With random weights every engine decodes to the maximum
+length, which is fixed for all engines (--max-len); decoders are compared on the exact same work,
+and `agreement` is the share of sentences whose best hypothesis is identical.
+
+MFU = achieved training FLOP/s (model FLOPs of the real tokens: 3 × forward matmul FLOPs) over
+this machine's fp32 matrix-product peak, measured here with large square matmuls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {
+    "tiny": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4),
+    "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8),
+}
+VOCAB, PAD, BOS, EOS = 10000, 0, 2, 3
+
+
+# inputs ------------------------------------------------------------------------------------------
+
+def multi30k_lengths(data: Path, split: str) -> list[tuple[int, int]]:
+    """(source, target) lengths in words of Multi30k en-de, or a synthetic stand-in."""
+    en, de = data / "tok" / f"{split}.lc.norm.tok.en.gz", data / "tok" / f"{split}.lc.norm.tok.de.gz"
+    if en.is_file() and de.is_file():
+        with gzip.open(en, "rt", encoding="utf-8") as f, gzip.open(de, "rt", encoding="utf-8") as g:
+            return [(len(a.split()), len(b.split())) for a, b in zip(f, g)]
+    rng = random.Random(0)
+    return [(max(3, int(rng.gauss(13, 4))), max(3, int(rng.gauss(13, 4)))) for _ in range(29000 if split == "train" else 1014)]
+
+
+def random_ids(length: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(4, VOCAB) for _ in range(length)]
+
+
+def training_batches(lengths, max_tokens: int, n: int, seed: int = 0):
+    from atencion.data.batching import collate, token_batches
+
+    rng = random.Random(seed)
+    groups = token_batches(lengths, max_tokens, seed=seed)[:n]
+    return [collate([(random_ids(lengths[i][0], rng), random_ids(lengths[i][1], rng)) for i in g], PAD, BOS, EOS)
+            for g in groups]
+
+
+# models ------------------------------------------------------------------------------------------
+
+def build_models(size: str, dropout: float):
+    """A random Hugging Face Marian model and the atencion model with the same weights."""
+    import transformers
+
+    from atencion.interop.marian import from_marian
+
+    s = SIZES[size]
+    config = transformers.MarianConfig(
+        vocab_size=VOCAB, d_model=s["d_model"], encoder_layers=s["n_layers"], decoder_layers=s["n_layers"],
+        encoder_attention_heads=s["n_heads"], decoder_attention_heads=s["n_heads"],
+        encoder_ffn_dim=s["d_ff"], decoder_ffn_dim=s["d_ff"], activation_function="relu",
+        scale_embedding=True, max_position_embeddings=512, pad_token_id=PAD, eos_token_id=EOS,
+        decoder_start_token_id=BOS, bos_token_id=BOS, dropout=dropout, attention_dropout=0.0,
+        activation_dropout=0.0, forced_eos_token_id=None)
+    torch.manual_seed(0)
+    hf = transformers.MarianMTModel(config)
+    ours = from_marian(hf)
+    return hf, ours
+
+
+# training ----------------------------------------------------------------------------------------
+
+def train_tokens_per_second(forward, params, batches, warmup: int) -> float:
+    from atencion.train.loss import label_smoothed_loss
+
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    tokens, seconds = 0, 0.0
+    for i, batch in enumerate(batches):
+        start = time.perf_counter()
+        loss, _ = label_smoothed_loss(forward(batch), batch.tgt_out, PAD, 0.1)
+        (loss / batch.n_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= warmup:
+            seconds += time.perf_counter() - start
+            tokens += batch.n_tokens
+    return tokens / seconds
+
+
+def training_flops(cfg, batches) -> float:
+    """3 × the forward matmul FLOPs of the real (non-pad) tokens: projections, FFN, attention
+    scores and weighted sums, and the output layer."""
+    d, f, n_enc, n_dec, v = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.decoder_layers, cfg.target_vocab_size
+    total = 0.0
+    for b in batches:
+        src_len = (b.src != PAD).sum(1).double()
+        tgt_len = (b.tgt_out != PAD).sum(1).double()
+        enc = n_enc * (src_len * (2 * 4 * d * d + 2 * 2 * d * f) + 2 * 2 * src_len ** 2 * d)
+        dec = n_dec * (tgt_len * (2 * 4 * d * d + 2 * 2 * d * d + 2 * 2 * d * f) + src_len * 2 * 2 * d * d
+                       + 2 * 2 * tgt_len ** 2 * d / 2 + 2 * 2 * tgt_len * src_len * d)
+        out = tgt_len * 2 * d * v
+        total += float((enc + dec + out).sum())
+    return 3 * total
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 8) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+# decoding ----------------------------------------------------------------------------------------
+
+def decode_batches(lengths, n: int, batch_sentences: int, seed: int = 1):
+    rng = random.Random(seed)
+    srcs = [random_ids(s, rng) + [EOS] for s, _ in lengths[:n]]
+    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
+    batches = []
+    for start in range(0, len(order), batch_sentences):
+        rows = order[start: start + batch_sentences]
+        width = max(len(srcs[i]) for i in rows)
+        ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, : len(srcs[i])] = torch.tensor(srcs[i])
+        batches.append((rows, ids))
+    return srcs, batches
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def decode_atencion(model, batches, n, beam, alpha, max_len):
+    from atencion.decode.search import beam_search
+
+    outputs = [None] * n
+    def run():
+        for rows, ids in batches:
+            for i, hyps in zip(rows, beam_search(model, ids, beam, alpha, 0.0, max_len)):
+                outputs[i] = hyps[0].tokens
+    _, seconds = timed(run)
+    return outputs, seconds
+
+
+def decode_hf(hf, batches, n, beam, alpha, max_len):
+    outputs = [None] * n
+    def run():
+        with torch.no_grad():
+            for rows, ids in batches:
+                generated = hf.generate(input_ids=ids, attention_mask=ids != PAD, num_beams=beam,
+                                        length_penalty=alpha, early_stopping=True, max_new_tokens=max_len,
+                                        do_sample=False, decoder_start_token_id=BOS, eos_token_id=EOS,
+                                        pad_token_id=PAD, suppress_tokens=[PAD, BOS], num_return_sequences=1)
+                for i, seq in zip(rows, generated.tolist()):
+                    tokens = seq[1:]
+                    outputs[i] = tokens[: tokens.index(EOS)] if EOS in tokens else [t for t in tokens if t != PAD]
+    _, seconds = timed(run)
+    return outputs, seconds
+
+
+def decode_ct2(export_dir, srcs, beam, alpha, max_len, compute_type):
+    from atencion.export.ctranslate2 import ct2_translate
+
+    return timed(lambda: ct2_translate(export_dir, srcs, beam=beam, alpha=alpha, max_len_a=0.0,
+                                       max_len_b=max_len, compute_type=compute_type,
+                                       threads=torch.get_num_threads()))
+
+
+def agreement(a, b) -> float:
+    return sum(x == y for x, y in zip(a, b)) / len(a)
+
+
+# main --------------------------------------------------------------------------------------------
+
+def run_size(size: str, args) -> dict:
+    import tempfile
+
+    hf, ours = build_models(size, dropout=0.1)
+    steps = {"tiny": 12, "base": 6}[size] if args.quick else {"tiny": 40, "base": 15}[size]
+    batches = training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + 2)
+    result = {}
+    ours.train()
+    result["train_tok_s"] = train_tokens_per_second(lambda b: ours(b.src, b.tgt_in), ours.parameters(), batches, 2)
+    hf.train()
+    result["hf_train_tok_s"] = train_tokens_per_second(
+        lambda b: hf(input_ids=b.src, attention_mask=b.src != PAD, decoder_input_ids=b.tgt_in).logits,
+        hf.parameters(), batches, 2)
+    result["train_ratio_vs_hf"] = result["train_tok_s"] / result["hf_train_tok_s"]
+    flops = training_flops(ours.cfg, batches[2:])
+    tokens = sum(b.n_tokens for b in batches[2:])
+    result["mfu"] = flops / (tokens / result["train_tok_s"]) / args.peak
+
+    # decoding: fresh copies with the same weights, in eval mode
+    hf, ours = build_models(size, dropout=0.1)
+    hf.eval()
+    ours.eval()
+    n = (100 if size == "tiny" else 40) if args.quick else (args.sentences if size == "tiny" else 100)
+    srcs, batches = decode_batches(multi30k_lengths(Path(args.data), "val"), n, args.batch_sentences)
+    max_len = args.max_len
+    ours_out, ours_s = decode_atencion(ours, batches, n, args.beam, args.alpha, max_len)
+    hf_out, hf_s = decode_hf(hf, batches, n, args.beam, args.alpha, max_len)
+    result.update(sentences=n, decode_sent_s=n / ours_s, decode_tok_s=sum(map(len, ours_out)) / ours_s,
+                  hf_decode_sent_s=n / hf_s, decode_ratio_vs_hf=hf_s / ours_s,
+                  agreement_hf=agreement(ours_out, hf_out))
+    try:
+        from atencion.export.ctranslate2 import export_ctranslate2
+    except ImportError:
+        result["ct2_decode_sent_s"] = None
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            export_ctranslate2(ours, Path(tmp) / "ct2")
+            ct2_out, ct2_s = decode_ct2(Path(tmp) / "ct2", srcs, args.beam, args.alpha, max_len, "float32")
+            int8_out, int8_s = decode_ct2(Path(tmp) / "ct2", srcs, args.beam, args.alpha, max_len, "int8")
+        result.update(ct2_decode_sent_s=n / ct2_s, ct2_int8_decode_sent_s=n / int8_s,
+                      decode_ratio_vs_ct2=ct2_s / ours_s, agreement=agreement(ours_out, ct2_out),
+                      agreement_int8=agreement(ours_out, int8_out))
+    return result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 3 minutes)")
+    parser.add_argument("--sizes", default="tiny,base", help="comma-separated: tiny, base (default: both)")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--sentences", type=int, default=500, help="decoded sentences at tiny size (default: 500)")
+    parser.add_argument("--batch-sentences", type=int, default=32, help="sentences per decoding batch")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max-len", type=int, default=24, help="maximum output length, all engines")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.peak = matmul_peak_flops()
+    report = {"threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9, "torch": torch.__version__}
+    for size in args.sizes.split(","):
+        report[size] = run_size(size, args)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+    return report
+
+
+def print_table(report: dict) -> None:
+    print(f"threads {report['threads']}, fp32 matmul peak {report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
+    keys = [k for k in report["tiny" if "tiny" in report else "base"]]
+    sizes = [s for s in SIZES if s in report]
+    print(f"{'':<24}" + "".join(f"{s:>14}" for s in sizes))
+    for key in keys:
+        cells = []
+        for s in sizes:
+            value = report[s].get(key)
+            cells.append(f"{'-' if value is None else (f'{value:.3f}' if abs(value) < 10 else f'{value:.0f}'):>14}")
+        print(f"{key:<24}" + "".join(cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)

@@ -1,0 +1,69 @@
+"""Export a trained model for faster inference elsewhere: CTranslate2, Hugging Face Marian, ONNX.
+
+Each exporter takes an atencion ``Transformer`` (and its ``Tokenizer``, when there is one) and
+writes a directory that works on its own; each is tested to compute what atencion computes.
+
+* ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
+  in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
+* ``hf``: a MarianMTModel (config.json, generation_config.json, model.safetensors); refuses
+  pre-LN, learned positions and a LayerNorm ε other than 1e-5.
+* ``onnx``: encoder.onnx, decoder_step.onnx (one step with a key/value cache), config.json;
+  refuses nothing.
+
+With a tokenizer, ctranslate2 and onnx also get spm*.model and tokenizer.json, and hf gets
+the MarianTokenizer files (source.spm, target.spm, vocab.json).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+FORMATS = ("ctranslate2", "hf", "onnx")
+NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"]}
+
+
+def _writer(fmt: str):
+    from importlib.util import find_spec
+
+    missing = [name for name in NEEDS.get(fmt, []) if find_spec(name) is None]
+    if missing:
+        raise ValueError(f"export to {fmt} needs the Python package(s) {', '.join(missing)}: "
+                         f"pip install {' '.join(missing)}")
+    if fmt == "ctranslate2":
+        from .ctranslate2 import export_ctranslate2
+        return export_ctranslate2
+    if fmt == "hf":
+        from .hf import export_hf
+        return export_hf
+    if fmt == "onnx":
+        from .onnx import export_onnx
+        return export_onnx
+    raise ValueError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
+
+
+def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]:
+    """Write ``model`` (and ``tokenizer``) in format ``fmt`` into ``out``, which must be new or
+    empty: the files go to a temporary directory that is renamed to ``out`` when complete.
+    Returns the names of the files written."""
+    from ..fileio import atomic_directory
+
+    writer = _writer(fmt)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out} exists and is not an empty directory; choose a new or empty "
+                         f"one (nothing was overwritten)")
+    model.eval()
+    atomic_directory(out, lambda tmp: writer(model, tmp, tokenizer))
+    return sorted(p.name for p in out.iterdir())
+
+
+def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str) -> list[str]:
+    """:func:`export` for a model directory (config.json, model.safetensors, tokenizer if present)."""
+    from ..data.tokenizer import INFO_FILE, Tokenizer
+    from ..nn.transformer import Transformer
+
+    _writer(fmt)  # an unknown format fails before anything is loaded
+    model = Transformer.load(model_dir)
+    tokenizer = Tokenizer.load(model_dir) if (Path(model_dir) / INFO_FILE).is_file() else None
+    return export(model, out, fmt, tokenizer)
