@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated corpus (default: 0)")
-    p.add_argument("--train-size", type=int, default=12000, help="generated training pairs (default: 12000)")
+    p.add_argument("--train-size", type=int, default=30000, help="generated training pairs (default: 30000)")
     p.add_argument("--test-size", type=int, default=500, help="held-out test pairs (default: 500)")
     p.set_defaults(func=cmd_demo)
 

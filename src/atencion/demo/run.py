@@ -22,7 +22,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "toy_es_en.ya
 
 
 def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[str] = (),
-             n_train: int = 12000, n_valid: int = 300, n_test: int = 500, seed: int = 0) -> dict[str, Any]:
+             n_train: int = 30000, n_valid: int = 300, n_test: int = 500, seed: int = 0) -> dict[str, Any]:
     """Train the embedded Spanish→English model under ``out`` and return the demo's summary.
 
     Also prints, for each example sentence, the model's translation and the grammar's own.
