@@ -172,3 +172,32 @@ def test_pairs_over_the_maximum_length_are_dropped_and_counted(caplog):
         kept = encode_pairs(pairs, Words(), max_len=3, name="train corpus")
     assert kept == [([5, 5], [5]), ([5], [5])]
     assert "train corpus: dropped 2 of 4 pairs longer than data.max_len=3" in caplog.text
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bias):
+    from atencion.train.loss import generator_loss
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(23, 8, generator=g, requires_grad=True)
+    weight = torch.randn(31, 8, generator=g, requires_grad=True)
+    bias = torch.randn(31, generator=g, requires_grad=True) if with_bias else None
+    target = torch.randint(4, 31, (5, 6), generator=g)
+    target.view(-1)[23:] = 0  # 23 real tokens, then padding
+    target = target.view(-1)[torch.randperm(30, generator=g)].view(5, 6)  # pads scattered
+    keep = target.view(-1) != 0
+    hidden_rows = hidden[: int(keep.sum())]
+
+    loss, nll = generator_loss(hidden_rows, weight, bias, target, 0, 0.1, chunk=7)
+    (loss * 1.7).backward()
+    grads = [t.grad.clone() for t in (hidden, weight, bias) if t is not None]
+    for t in (hidden, weight, bias):
+        if t is not None:
+            t.grad = None
+    logits = F.linear(hidden_rows, weight, bias)
+    expected, expected_nll = label_smoothed_loss(logits, target, 0, 0.1)
+    (expected * 1.7).backward()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, expected_nll)
+    for got, want in zip(grads, [t.grad for t in (hidden, weight, bias) if t is not None]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -69,13 +69,21 @@ class DecoderState:
     cross_caches: list[KVCache] = field(default_factory=list)
     offset: int = 0
     memory: Tensor | None = None  # the encoder output, until the first step has cached it
+    group: int = 1                # decoder rows per source sentence (the beam)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (in that order), e.g. the surviving beams."""
-        for cache in (*self.self_caches, *self.cross_caches):
+        """Keep decoder rows ``index`` (in that order), e.g. the surviving beams. With groups
+        (beams), the rows of a group must come from one source sentence: the cross-attention
+        caches, one per sentence, follow the sentences."""
+        for cache in self.self_caches:
             cache.reorder(index)
+        sentences = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
+        for cache in self.cross_caches:
+            cache.reorder(sentences)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, sentences)
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
+            self.memory_mask = self.memory_mask.index_select(0, sentences)
 
 
 class Decoder(nn.Module):
@@ -151,9 +159,16 @@ class Transformer(nn.Module):
     # the forward pass ------------------------------------------------------------------------
 
     def forward(self, src_ids: Tensor, tgt_in_ids: Tensor, src_mask: Tensor | None = None,
-                tgt_mask: Tensor | None = None, return_attention: bool = False):
-        """Teacher-forced logits. With ``return_attention``, also a dict of per-layer attention
-        weights (batch, h, queries, keys) under "encoder", "decoder" (masked self) and "cross"."""
+                tgt_mask: Tensor | None = None, return_attention: bool = False,
+                select: Tensor | None = None, project: bool = True):
+        """Teacher-forced logits (batch, tgt_len, vocab).
+
+        ``select``, a boolean (batch, tgt_len) mask, keeps only those positions: the result is
+        (n_selected, vocab), so training skips the vocabulary projection of padding, its largest
+        matrix product. ``project=False`` returns the decoder output before the generator (for a
+        loss that applies the generator itself, see train/loss.py). With ``return_attention``,
+        also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
+        "decoder" (masked self) and "cross"."""
         memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
         if tgt_in_ids.size(0) != src_ids.size(0):
@@ -165,7 +180,12 @@ class Transformer(nn.Module):
         check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, length)
         hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
                                                     need_weights=return_attention)
-        logits = self.generator(hidden)
+        if select is not None:
+            if select.shape != tgt_in_ids.shape or select.dtype != torch.bool:
+                raise ValueError(f"select must be a boolean mask shaped like tgt_in_ids "
+                                 f"{tuple(tgt_in_ids.shape)}, got {select.dtype} {tuple(select.shape)}")
+            hidden = hidden[select]
+        logits = self.generator(hidden) if project else hidden
         if return_attention:
             return logits, {"encoder": enc_attn, "decoder": dec_attn, "cross": cross_attn}
         return logits
@@ -189,11 +209,14 @@ class Transformer(nn.Module):
 
     # incremental decoding --------------------------------------------------------------------
 
-    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """A fresh decoding state; cross-attention keys/values are filled from ``memory`` on the first step."""
+    def init_state(self, memory: Tensor, src_mask: Tensor, group: int = 1) -> DecoderState:
+        """A fresh decoding state; cross-attention keys/values are filled from ``memory`` on the
+        first step. With ``group`` > 1 (a beam), each sentence of ``memory`` is decoded by
+        ``group`` consecutive rows that share its cross-attention keys and values: they are
+        neither copied per beam nor reordered with the beams."""
         n = len(self.decoder.layers)
         return DecoderState(src_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)],
-                            memory=memory)
+                            memory=memory, group=group)
 
     def decode_step(self, tgt_ids: Tensor, state: DecoderState) -> Tensor:
         """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and

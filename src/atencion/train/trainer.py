@@ -27,7 +27,7 @@ from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..nn.transformer import Transformer
 from .checkpoint import list_checkpoints, load_training_state, save_checkpoint
 from .config import TrainConfig, dump_config
-from .loss import label_smoothed_loss
+from .loss import generator_loss, label_smoothed_loss
 from .schedule import noam_lr
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Trainer:
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.dist.world > 1
                     else self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
-                                          eps=t.adam_eps, weight_decay=t.weight_decay)
+                                          eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
                                       "best_step": None, "bad_validations": 0, "train_seconds": 0.0, "valid_seconds": 0.0,
                                       "target_tokens": 0}
@@ -182,8 +182,10 @@ class Trainer:
             sync = i == len(mine) - 1
             context = self.ddp.no_sync() if self.dist.world > 1 and not sync else nullcontext()
             with context, self._autocast():
-                logits = self.ddp(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, cfg.pad_id, t.label_smoothing)
+                hidden = self.ddp(batch.src, batch.tgt_in, select=batch.tgt_out != cfg.pad_id, project=False)
+                generator = self.model.generator
+                loss, nll = generator_loss(hidden, generator.weight, generator.bias, batch.tgt_out,
+                                           cfg.pad_id, t.label_smoothing)
                 # DDP averages gradients over processes: scale so the result is the gradient of
                 # the loss summed over the group's tokens divided by their number.
                 (loss * self.dist.world / total_tokens).backward()
