@@ -162,9 +162,9 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
     max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
     k, vocab, eos = beam_size, model.cfg.target_vocab_size, model.cfg.eos_id
     device, n = src_ids.device, len(max_lens)
-    # One group of k rows per sentence; the memory is expanded before the cross-attention
-    # caches are filled from it on the first step.
-    state = model.init_state(memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0))
+    # One group of k decoder rows per sentence; the k rows share their sentence's
+    # cross-attention keys and values (computed once, never copied per beam).
+    state = model.init_state(memory, src_mask, group=k)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     active = list(range(n))   # the sentence of each group of k rows
     done = [False] * n        # per group; done groups stay only when not dropping

@@ -147,7 +147,15 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.append(k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
+        group = q.size(0) // k.size(0)
+        if group > 1:  # several query rows per key row (beams of one sentence): stack their queries
+            b, h, t, d = k.size(0), self.h, q.size(2), self.d_k
+            q = q.view(b, group, h, t, d).transpose(1, 2).reshape(b, h, group * t, d)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
+        if group > 1:
+            out = out.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
+            if weights is not None:
+                weights = weights.view(b, h, group, t, -1).transpose(1, 2).reshape(b * group, h, t, -1)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)
         return self.out_proj(out), weights
 
