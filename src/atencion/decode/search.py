@@ -69,13 +69,21 @@ def _max_lengths(model, src_ids: Tensor, a: float, b: float) -> list[int]:
     return lengths
 
 
-def _next_log_probs(model, last: Tensor, state) -> Tensor:
-    """(rows, vocab) float32 log-probabilities of the next token; PAD and BOS are never generated."""
+def _next_logits(model, last: Tensor, state) -> Tensor:
+    """(rows, vocab) float32 logits of the next token, PAD and BOS set to -inf (never generated)."""
     logits = model.decode_step(last.unsqueeze(1), state)[:, -1].float()
     cfg = model.cfg
     banned = sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})
     logits[:, banned] = float("-inf")
-    return torch.log_softmax(logits, dim=-1)
+    return logits
+
+
+def _top_log_probs(logits: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The ``n`` best tokens of each row and their log-probabilities, log_softmax(logits)
+    restricted to them: a row's logsumexp is subtracted from its top-n logits only, so the full
+    (rows × vocab) log-softmax is never written."""
+    top, index = logits.topk(n, dim=-1)
+    return top - torch.logsumexp(logits, dim=-1, keepdim=True), index
 
 
 # greedy ----------------------------------------------------------------------------------------
@@ -98,7 +106,7 @@ def greedy_search(model, src_ids: Tensor, max_len_a: float = 1.0, max_len_b: int
     rows = list(range(len(max_lens)))  # the sentence decoded by each batch row
     last = torch.full((len(rows),), model.cfg.bos_id, dtype=torch.long, device=src_ids.device)
     while True:
-        best = _next_log_probs(model, last, state).argmax(dim=-1)
+        best = _next_logits(model, last, state).argmax(dim=-1)  # the argmax of the log-softmax
         keep = []
         for row, (sent, token) in enumerate(zip(rows, best.tolist())):
             if token != eos:
@@ -175,10 +183,13 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
     step = 0
     while True:
         groups = len(active)
-        log_probs = _next_log_probs(model, last, state).view(groups, k, vocab)
-        candidates = (scores.unsqueeze(-1) + log_probs).view(groups, k * vocab)
-        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # best first
-        top_beam, top_token = top_index // vocab, top_index % vocab
+        # The 2k best extensions of a sentence are among the 2k best tokens of each of its beams.
+        n_top = min(2 * k, vocab)
+        log_probs, tokens_of = _top_log_probs(_next_logits(model, last, state), n_top)
+        candidates = (scores.unsqueeze(-1) + log_probs.view(groups, k, n_top)).view(groups, k * n_top)
+        top_scores, top_index = candidates.topk(min(2 * k, k * n_top), dim=1)  # best first
+        top_beam = top_index // n_top
+        top_token = tokens_of.view(groups, k * n_top).gather(1, top_index)
         is_eos = top_token == eos
         # The k best non-EOS extensions continue: a stable sort puts them first, in rank order
         # (each beam has one EOS extension, so at least k of the 2k are not EOS).
