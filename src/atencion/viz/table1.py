@@ -172,15 +172,15 @@ def _status_kib(field: str) -> int:
     raise ValueError(f"/proc/self/status has no {field}")
 
 
-def _return_freed_memory_to_the_system() -> None:
-    """glibc: blocks ≥ 64 KiB are mmap'ed and unmapped on free, so the RSS follows live tensors."""
+def _set_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> None:
+    """glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (no-op where there is no glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
     m_mmap_threshold, m_trim_threshold = -3, -1
-    libc.mallopt(m_mmap_threshold, 64 * 1024)
-    libc.mallopt(m_trim_threshold, 64 * 1024)
+    libc.mallopt(m_mmap_threshold, mmap_bytes)
+    libc.mallopt(m_trim_threshold, trim_bytes)
     libc.malloc_trim(0)
 
 
@@ -199,16 +199,21 @@ def measure_peak_memory(fn: Callable[[], object]) -> int:
 
     The high-water mark is reset through /proc/self/clear_refs, so earlier peaks do not count.
     """
-    _return_freed_memory_to_the_system()
+    # Blocks ≥ 64 KiB are mmap'ed and unmapped on free, so the RSS follows live tensors; after
+    # the measurement, large thresholds (glibc's dynamic maximum) keep freed memory for reuse.
+    _set_malloc_thresholds(64 * 1024, 64 * 1024)
     gc.collect()
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-        before = _status_kib("VmRSS")
-    except OSError as err:
-        raise ValueError(f"cannot measure peak memory here (needs Linux /proc/self/clear_refs): {err}") from err
-    fn()
-    return (_status_kib("VmHWM") - before) * 1024
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")  # reset VmHWM to the current RSS
+            before = _status_kib("VmRSS")
+        except OSError as err:
+            raise ValueError(f"cannot measure peak memory here (needs Linux /proc/self/clear_refs): {err}") from err
+        fn()
+        return (_status_kib("VmHWM") - before) * 1024
+    finally:
+        _set_malloc_thresholds(32 * 2**20, 64 * 2**20)
 
 
 def forward_backward(layer: nn.Module, x: Tensor) -> None:
