@@ -64,10 +64,31 @@ def main(argv: list[str] | None = None) -> dict:
         scores = evaluate(model_dir, test_src, test_ref, beam=args.beam, alpha=args.alpha,
                           output=out / f"test2016.{name}.{args.tgt}")
         result[f"test2016_{name}"] = {k: scores[k] for k in ("bleu_tok", "bleu", "chrf")}
-    log_lines = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
-    result["valid_curve"] = [(r["seconds"], r.get("valid_bleu_tok")) for r in log_lines if "valid_loss" in r]
+    result["valid_curve"] = learning_curve(out / "run" / "log.jsonl", out / "curve.png",
+                                           f"Transformer-Tiny, Multi30k {args.src}→{args.tgt}")
     print(json.dumps(result))
     return result
+
+
+def learning_curve(log_path: Path, png: Path, title: str) -> list[tuple[float, float]]:
+    """Validation BLEU (tokenized) against wall-clock minutes, from a run's log.jsonl, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    curve = [(r["seconds"] / 60, r["valid_bleu_tok"]) for r in records if "valid_bleu_tok" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=90)
+    ax.plot([m for m, _ in curve], [b for _, b in curve], marker=".")
+    ax.set_xlabel("wall-clock minutes (training + validation)")
+    ax.set_ylabel("validation BLEU (tokenized)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return [(round(m, 2), b) for m, b in curve]
 
 
 if __name__ == "__main__":
