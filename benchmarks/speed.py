@@ -24,7 +24,6 @@ import argparse
 import gzip
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path

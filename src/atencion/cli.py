@@ -111,6 +111,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
                          f"(nothing was overwritten)")
     summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
                        n_test=args.test_size, seed=args.seed)
+    for example in summary.pop("examples"):
+        right = example["translation"] == example["expected"]
+        print(f"{'✓' if right else '✗'} {example['src']}  →  {example['translation']}"
+              + ("" if right else f"   (expected: {example['expected']})"))
     print(json.dumps(summary))
 
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from . import grammar
-
-log = logging.getLogger(__name__)
 
 EXAMPLES = [
     "el gato negro come el ratón",
@@ -23,10 +20,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "toy_es_en.ya
 
 def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[str] = (),
              n_train: int = 30000, n_valid: int = 300, n_test: int = 500, seed: int = 0) -> dict[str, Any]:
-    """Train the embedded Spanish→English model under ``out`` and return the demo's summary.
-
-    Also prints, for each example sentence, the model's translation and the grammar's own.
-    """
+    """Train the embedded Spanish→English model under ``out`` and return the demo's summary,
+    with, under "examples", each example sentence, the model's translation and the grammar's."""
     from ..data.tokenizer import Tokenizer
     from ..decode.translate import translate_lines
     from ..evaluate import score
@@ -55,12 +50,9 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
     refs = [p.tgt for p in test_pairs]
     exact = sum(h == r for h, r in zip(hyps, refs)) / len(refs)
     scores = score(hyps, refs)
-    examples = translate_lines(model, tokenizer, EXAMPLES, d.beam, d.alpha)
-    for src, hyp in zip(EXAMPLES, examples):
-        gold = grammar.translate_known(src)
-        mark = "✓" if gold is not None and gold.tgt == hyp[0].text else "✗"
-        print(f"{mark} {src}  →  {hyp[0].text}" + ("" if mark == "✓" or gold is None else f"   (expected: {gold.tgt})"))
-    return {"exact_match": round(exact, 4), "bleu": scores["bleu"], "chrf": scores["chrf"],
+    examples = [{"src": src, "translation": hyp[0].text, "expected": grammar.translate_known(src).tgt}
+                for src, hyp in zip(EXAMPLES, translate_lines(model, tokenizer, EXAMPLES, d.beam, d.alpha))]
+    return {"examples": examples, "exact_match": round(exact, 4), "bleu": scores["bleu"], "chrf": scores["chrf"],
             "test_sentences": len(refs), "train_steps": summary["steps"], "train_seconds": summary["seconds"],
             "seconds": round(time.time() - start, 1), "model_dir": str(model_dir)}
 

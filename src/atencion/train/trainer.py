@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..data.batching import Batch, Example, collate, token_batches
+from ..data.batching import Example, collate, token_batches
 from ..data.corpus import read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..nn.transformer import Transformer
