@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..interop.marian import marian_to_paper_permutation
+from ..interop.marian import marian_to_paper_permutation, module_pairs
 
 MARIAN_LAYER_NORM_EPS = 1e-5
 
@@ -107,20 +107,9 @@ def marian_state_dict(model, hf_keys) -> dict[str, Tensor]:
         out[f"{theirs}.fc2.weight"] = rows(ours[f"{mine}.linear2.weight"])
         out[f"{theirs}.fc2.bias"] = rows(bias(f"{mine}.linear2.bias", cfg.d_model))
 
-    for i in range(cfg.n_layers):
-        theirs, mine = f"model.encoder.layers.{i}", f"encoder.layers.{i}"
-        attention(f"{theirs}.self_attn", f"{mine}.self_attn")
-        norm(f"{theirs}.self_attn_layer_norm", f"{mine}.res_attn.norm")
-        ffn(theirs, f"{mine}.ffn")
-        norm(f"{theirs}.final_layer_norm", f"{mine}.res_ffn.norm")
-    for i in range(cfg.decoder_layers):
-        theirs, mine = f"model.decoder.layers.{i}", f"decoder.layers.{i}"
-        attention(f"{theirs}.self_attn", f"{mine}.self_attn")
-        norm(f"{theirs}.self_attn_layer_norm", f"{mine}.res_self.norm")
-        attention(f"{theirs}.encoder_attn", f"{mine}.cross_attn")
-        norm(f"{theirs}.encoder_attn_layer_norm", f"{mine}.res_cross.norm")
-        ffn(theirs, f"{mine}.ffn")
-        norm(f"{theirs}.final_layer_norm", f"{mine}.res_ffn.norm")
+    convert = {"attention": attention, "norm": norm, "ffn": ffn}
+    for kind, mine, theirs in module_pairs(cfg):
+        convert[kind](theirs, mine)
 
     out["model.encoder.embed_tokens.weight"] = cols(ours["encoder.embed.weight"])
     out["model.decoder.embed_tokens.weight"] = cols(ours["decoder.embed.weight"])

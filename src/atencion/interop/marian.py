@@ -68,6 +68,28 @@ def config_from_marian(hf_config) -> ModelConfig:
     )
 
 
+def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(kind, atencion prefix, Marian prefix) for every attention, LayerNorm and FFN of the
+    two layouts, kind being "attention", "norm" or "ffn": the one correspondence that the
+    importer here and the exporter (export/hf.py) both walk."""
+    pairs = []
+    for i in range(cfg.n_layers):
+        ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
+        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.self_attn"),
+                  ("norm", f"{ours}.res_attn.norm", f"{theirs}.self_attn_layer_norm"),
+                  ("ffn", f"{ours}.ffn", theirs),
+                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")]
+    for i in range(cfg.decoder_layers):
+        ours, theirs = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
+        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.self_attn"),
+                  ("norm", f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm"),
+                  ("attention", f"{ours}.cross_attn", f"{theirs}.encoder_attn"),
+                  ("norm", f"{ours}.res_cross.norm", f"{theirs}.encoder_attn_layer_norm"),
+                  ("ffn", f"{ours}.ffn", theirs),
+                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")]
+    return pairs
+
+
 def from_marian(hf_model) -> Transformer:
     """An atencion Transformer computing the same logits as ``hf_model`` (a MarianMTModel)."""
     cfg = config_from_marian(hf_model.config)
@@ -99,20 +121,9 @@ def from_marian(hf_model) -> Transformer:
         out[f"{ours}.linear2.weight"] = rows(src[f"{theirs}.fc2.weight"])
         out[f"{ours}.linear2.bias"] = rows(src[f"{theirs}.fc2.bias"])
 
-    for i in range(cfg.n_layers):
-        ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn")
-        norm(f"{ours}.res_attn.norm", f"{theirs}.self_attn_layer_norm")
-        ffn(f"{ours}.ffn", theirs)
-        norm(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")
-    for i in range(cfg.decoder_layers):
-        ours, theirs = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn")
-        norm(f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm")
-        attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn")
-        norm(f"{ours}.res_cross.norm", f"{theirs}.encoder_attn_layer_norm")
-        ffn(f"{ours}.ffn", theirs)
-        norm(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")
+    convert = {"attention": attention, "norm": norm, "ffn": ffn}
+    for kind, ours, theirs in module_pairs(cfg):
+        convert[kind](ours, theirs)
 
     out["encoder.embed.weight"] = cols(src["model.encoder.embed_tokens.weight"])
     out["decoder.embed.weight"] = cols(src["model.decoder.embed_tokens.weight"])
