@@ -64,6 +64,10 @@ class _GeneratorLoss(torch.autograd.Function):
             loss = loss + (lse[rows] - (1 - epsilon) * z_y - epsilon * z.mean(dim=-1)).sum()
         ctx.save_for_backward(hidden, weight, bias, target, lse)
         ctx.epsilon, ctx.chunk = epsilon, chunk
+        # Autograd runs backward outside autocast: the recomputed logits must see the precision
+        # the forward pass saw, or softmax = exp(z − lse) mixes bf16 and fp32 logits.
+        device = hidden.device.type
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -77,7 +81,9 @@ class _GeneratorLoss(torch.autograd.Function):
         for start in range(0, hidden.size(0), ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
-            g = F.linear(h, weight, bias).float().sub_(lse[rows, None]).exp_().sub_(eps / vocab)
+            with torch.autocast(ctx.autocast[0], dtype=ctx.autocast[1], enabled=ctx.autocast[2]):
+                z = F.linear(h, weight, bias)
+            g = z.float().sub_(lse[rows, None]).exp_().sub_(eps / vocab)
             g.scatter_add_(1, target[rows, None], g.new_full((g.size(0), 1), eps - 1.0))
             g.mul_(grad_loss)
             grad_hidden[rows] = (g @ weight.float()).to(hidden.dtype)
