@@ -16,6 +16,9 @@ and `agreement` is the share of sentences whose best hypothesis is identical.
 
 MFU = achieved training FLOP/s (model FLOPs of the real tokens: 3 × forward matmul FLOPs) over
 this machine's fp32 matrix-product peak, measured here with large square matmuls.
+
+On a GPU (--device cuda) the same comparison runs there, CTranslate2 left out; --bf16 trains
+under bf16 autocast (both engines) and measures the peak with bf16 matmuls.
 """
 
 from __future__ import annotations
@@ -87,16 +90,24 @@ def build_models(size: str, dropout: float):
 
 # training ----------------------------------------------------------------------------------------
 
-def train_tokens_per_second(loss_fn, params, batches, warmup: int, fused: bool) -> float:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_tokens_per_second(loss_fn, params, batches, warmup: int, device: torch.device, bf16: bool) -> float:
     """Target tokens per second of forward + label-smoothed loss + backward + Adam step."""
-    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused)
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     tokens, seconds = 0, 0.0
     for i, batch in enumerate(batches):
+        synchronize(device)
         start = time.perf_counter()
-        loss = loss_fn(batch)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(batch)
         (loss / batch.n_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
         if i >= warmup:
             seconds += time.perf_counter() - start
             tokens += batch.n_tokens
@@ -119,13 +130,17 @@ def training_flops(cfg, batches) -> float:
     return 3 * total
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 8) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
+    if device.type == "cuda":
+        n = 8192
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n ** 3 / best
 
@@ -212,21 +227,25 @@ def run_size(size: str, args) -> dict:
 
     from atencion.train.loss import generator_loss, label_smoothed_loss
 
+    device = torch.device(args.device)
     hf, ours = build_models(size, dropout=0.1)
+    hf, ours = hf.to(device), ours.to(device)
     steps = {"tiny": 12, "base": 6}[size] if args.quick else {"tiny": 40, "base": 15}[size]
-    batches = training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + 2)
+    if device.type == "cuda":
+        steps *= 5
+    batches = [b.to(device) for b in training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + 2)]
     result = {}
     ours.train()
     # atencion as its trainer runs it; Hugging Face as its Seq2SeqTrainer would (logits, then the loss)
     result["train_tok_s"] = train_tokens_per_second(
         lambda b: generator_loss(ours(b.src, b.tgt_in, select=b.tgt_out != PAD, project=False),
                                  ours.generator.weight, ours.generator.bias, b.tgt_out, PAD, 0.1)[0],
-        ours.parameters(), batches, 2, fused=True)
+        ours.parameters(), batches, 2, device, args.bf16)
     hf.train()
     result["hf_train_tok_s"] = train_tokens_per_second(
         lambda b: label_smoothed_loss(hf(input_ids=b.src, attention_mask=b.src != PAD,
                                          decoder_input_ids=b.tgt_in).logits, b.tgt_out, PAD, 0.1)[0],
-        hf.parameters(), batches, 2, fused=True)
+        hf.parameters(), batches, 2, device, args.bf16)
     result["train_ratio_vs_hf"] = result["train_tok_s"] / result["hf_train_tok_s"]
     flops = training_flops(ours.cfg, batches[2:])
     tokens = sum(b.n_tokens for b in batches[2:])
@@ -234,10 +253,12 @@ def run_size(size: str, args) -> dict:
 
     # decoding: fresh copies with the same weights, in eval mode
     hf, ours = build_models(size, dropout=0.1)
-    hf.eval()
-    ours.eval()
+    hf, ours = hf.to(device).eval(), ours.to(device).eval()
     n = (100 if size == "tiny" else 40) if args.quick else (args.sentences if size == "tiny" else 100)
+    if device.type == "cuda":
+        n = args.sentences
     srcs, batches = decode_batches(multi30k_lengths(Path(args.data), "val"), n, args.batch_sentences)
+    batches = [(rows, ids.to(device)) for rows, ids in batches]
     max_len = args.max_len
     ours_out, ours_s = decode_atencion(ours, batches, n, args.beam, args.alpha, max_len)
     hf_out, hf_s = decode_hf(hf, batches, n, args.beam, args.alpha, max_len)
@@ -245,6 +266,8 @@ def run_size(size: str, args) -> dict:
                   hf_decode_sent_s=n / hf_s, decode_ratio_vs_hf=hf_s / ours_s,
                   agreement_hf=agreement(ours_out, hf_out))
     try:
+        if device.type != "cpu":
+            raise ImportError("CTranslate2 is compared on the CPU only")
         import ctranslate2  # noqa: F401
     except ImportError:
         result["ct2_decode_sent_s"] = None
@@ -274,11 +297,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-len", type=int, default=24, help="maximum output length, all engines")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu; CTranslate2 runs on cpu only)")
+    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (for GPUs)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.peak = matmul_peak_flops()
-    report = {"threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9, "torch": torch.__version__}
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU here")
+    args.peak = matmul_peak_flops(device, torch.bfloat16 if args.bf16 else torch.float32)
+    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "bf16": args.bf16, "threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9,
+              "torch": torch.__version__}
     for size in args.sizes.split(","):
         report[size] = run_size(size, args)
     if args.json:
@@ -289,7 +319,9 @@ def main(argv=None) -> dict:
 
 
 def print_table(report: dict) -> None:
-    print(f"threads {report['threads']}, fp32 matmul peak {report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
+    precision = "bf16" if report["bf16"] else "fp32"
+    print(f"{report['device']}, threads {report['threads']}, {precision} matmul peak "
+          f"{report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
     keys = [k for k in report["tiny" if "tiny" in report else "base"]]
     sizes = [s for s in SIZES if s in report]
     print(f"{'':<24}" + "".join(f"{s:>14}" for s in sizes))

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU checks, in one go, on a machine with a CUDA GPU and a Python that has torch,
+# transformers, sentencepiece, sacrebleu and safetensors (no set-up: it uses that Python as is).
+#   bash scripts/gpu_check.sh [OUT_DIR] [MULTI30K_DIR] [MINUTES]
+# 1. tests/test_cuda.py (GPU = CPU for forward and search; bf16 loss; bf16 training + resume);
+# 2. benchmarks/speed.py --quick on the GPU, fp32 and bf16 (atencion vs Hugging Face);
+# 3. the Multi30k En→De Tiny recipe on the GPU under bf16 for MINUTES (default 3) minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu-check}
+data=${2:-../shared/data/multi30k}
+minutes=${3:-3}
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
+python3 benchmarks/speed.py --quick --device cuda --json --data "$data" | tee "$out/speed_fp32.json"
+python3 benchmarks/speed.py --quick --device cuda --bf16 --json --data "$data" | tee "$out/speed_bf16.json"
+python3 benchmarks/multi30k.py --data "$data" --out "$out/m30k" --minutes "$minutes" \
+    --set train.device=cuda --set train.bf16=true --set train.progress=false \
+    --set train.tensorboard=false --set train.max_steps=100000 --set decode.beam=1 2> "$out/m30k.log" | tee "$out/m30k.json"
