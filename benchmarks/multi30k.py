@@ -6,8 +6,10 @@
 Reads the tok/ files (lower-cased, Moses-tokenized) of --data (default ../shared/data/multi30k;
 `atencion download multi30k --out DIR` fetches them elsewhere) and prints one JSON object:
 training time, tokens/s, best validation BLEU, and test2016 bleu_tok (tokenized lower-cased
-BLEU, the published metric), sacreBLEU and chrF on those same tokenized files, for the
-averaged model and for the best single checkpoint.
+BLEU, the published metric), sacreBLEU and chrF on those same tokenized files, and sacreBLEU
+and chrF on the raw test2016 references after recasing (casing learnt from raw/train) and
+detokenizing the output (raw_bleu, raw_bleu_lc, raw_chrf), for the averaged model and for the
+best single checkpoint.
 """
 
 from __future__ import annotations
@@ -57,13 +59,18 @@ def main(argv: list[str] | None = None) -> dict:
     average_checkpoints(checkpoints, out / "averaged")
     test_src = tok / f"test_2016_flickr.lc.norm.tok.{args.src}.gz"
     test_ref = tok / f"test_2016_flickr.lc.norm.tok.{args.tgt}.gz"
+    raw = Path(args.data) / "raw"
+    raw_options = {}
+    if (raw / f"test_2016_flickr.{args.tgt}.gz").is_file() and (raw / f"train.{args.tgt}.gz").is_file():
+        raw_options = {"raw_ref": raw / f"test_2016_flickr.{args.tgt}.gz", "recase_from": raw / f"train.{args.tgt}.gz"}
     result = {"pair": f"{args.src}-{args.tgt}", "train": summary, "averaged_checkpoints": len(checkpoints)}
     for name, model_dir in (("averaged", out / "averaged"), ("best", summary["best_model"])):
         if model_dir is None:
             continue
         scores = evaluate(model_dir, test_src, test_ref, beam=args.beam, alpha=args.alpha,
-                          output=out / f"test2016.{name}.{args.tgt}")
-        result[f"test2016_{name}"] = {k: scores[k] for k in ("bleu_tok", "bleu", "chrf")}
+                          output=out / f"test2016.{name}.{args.tgt}", **raw_options)
+        keys = ("bleu_tok", "bleu", "chrf", "raw_bleu", "raw_bleu_lc", "raw_chrf")
+        result[f"test2016_{name}"] = {k: scores[k] for k in keys if k in scores}
     result["valid_curve"] = learning_curve(out / "run" / "log.jsonl", out / "curve.png",
                                            f"Transformer-Tiny, Multi30k {args.src}→{args.tgt}")
     print(json.dumps(result))

@@ -79,11 +79,14 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    """Translate --src and score it against --ref: prints one JSON object (bleu, bleu_tok, chrf, settings)."""
+    """Translate --src and score it against --ref: prints one JSON object (bleu, bleu_tok, chrf, settings).
+    With --raw-ref, for models trained on tokenized lower-cased text: also raw_bleu_lc, and with
+    --recase-from raw_bleu and raw_chrf (sacreBLEU on the recased, detokenized output)."""
     from .evaluate import evaluate
 
     result = evaluate(args.model, args.src, args.ref, args.beam, args.alpha, args.max_len_a,
-                      args.max_len_b, args.batch_tokens, args.output, args.device)
+                      args.max_len_b, args.batch_tokens, args.output, args.device,
+                      args.raw_ref, args.recase_from, args.lang)
     print(json.dumps(result))
 
 
@@ -235,7 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     _decoding_options(p)
     p.add_argument("--src", required=True, help="source sentences, one a line")
     p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
-    p.add_argument("--output", help="also write the translations to this file")
+    p.add_argument("--output", help="also write the translations to this file (and, with --raw-ref, "
+                                    "the detokenized ones to OUTPUT.detok)")
+    p.add_argument("--raw-ref", help="raw references (cased, untokenized), aligned with --src: score the "
+                                     "detokenized output against them with sacreBLEU (needs sacremoses)")
+    p.add_argument("--recase-from", help="raw text in the target language (e.g. the raw training targets) "
+                                         "to learn each word's casing from, to recase the output")
+    p.add_argument("--lang", help="target language for detokenizing (default: from --raw-ref's name, e.g. test.de.gz)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("download", help="download a public dataset (multi30k)", description=cmd_download.__doc__)

@@ -1,4 +1,6 @@
-"""Scores: sacreBLEU (13a), tokenized lower-cased BLEU (multi-bleu.perl style), chrF."""
+"""Scores: sacreBLEU (13a), tokenized lower-cased BLEU (multi-bleu.perl style), chrF; and, for
+models trained on tokenized lower-cased text, sacreBLEU on the raw references after recasing
+and detokenizing the output (``data/postprocess.py``)."""
 
 from __future__ import annotations
 
@@ -25,10 +27,36 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     }
 
 
+def raw_score(hypotheses: list[str], raw_references: list[str], lang: str,
+              recase_from: list[str] | None = None) -> tuple[dict[str, float], list[str]]:
+    """Score tokenized lower-cased ``hypotheses`` against raw (cased, untokenized) references:
+    detokenize them (Moses rules for ``lang``), recase them when ``recase_from`` (raw text in the
+    target language, e.g. the raw training targets) is given, and return sacreBLEU 13a
+    (``raw_bleu``, cased; only with a recaser), ``raw_bleu_lc`` (lower-cased) and ``raw_chrf``,
+    with the detokenized lines."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from .data.postprocess import Detokenizer, Recaser
+
+    recaser = Recaser.fit(recase_from, lang) if recase_from is not None else None
+    detokenize = Detokenizer(lang, recaser)
+    lines = [detokenize(h) for h in hypotheses]
+    refs = [raw_references]
+    result = {"raw_bleu_lc": round(BLEU(lowercase=True).corpus_score(lines, refs).score, 2)}
+    if recaser is not None:
+        result["raw_bleu"] = round(BLEU().corpus_score(lines, refs).score, 2)
+        result["raw_chrf"] = round(CHRF().corpus_score(lines, refs).score, 2)
+    return result, lines
+
+
 def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int = 4, alpha: float = 0.6,
              max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4096,
-             output: str | Path | None = None, device: str = "cpu") -> dict[str, Any]:
-    """Translate ``src`` with the model in ``model_dir`` and score it against ``ref``."""
+             output: str | Path | None = None, device: str = "cpu", raw_ref: str | Path | None = None,
+             recase_from: str | Path | None = None, lang: str | None = None) -> dict[str, Any]:
+    """Translate ``src`` with the model in ``model_dir`` and score it against ``ref``; with
+    ``raw_ref`` also against the raw references (see ``raw_score``; ``lang`` defaults to the
+    suffix of ``raw_ref``'s name, as in ``test.de.gz``)."""
+    from .data.postprocess import language_of
     from .data.tokenizer import Tokenizer
     from .decode.translate import translate_lines
     from .nn.transformer import Transformer
@@ -37,6 +65,15 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
     if len(sources) != len(references):
         raise ValueError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
                          f"they must be aligned line by line")
+    if raw_ref is not None:
+        raw_references = read_lines(raw_ref)
+        if len(raw_references) != len(sources):
+            raise ValueError(f"{raw_ref} has {len(raw_references)} lines but {src} has {len(sources)}; "
+                             f"they must be aligned line by line")
+        lang = lang or language_of(raw_ref)
+        if lang is None:
+            raise ValueError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
+        recase_lines = read_lines(recase_from) if recase_from is not None else None
     model = Transformer.load(model_dir, map_location=device).eval()
     tokenizer = Tokenizer.load(model_dir)
     translations = translate_lines(model, tokenizer, sources, beam, alpha, max_len_a, max_len_b, batch_tokens)
@@ -44,6 +81,12 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
     if output is not None:
         Path(output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     result: dict[str, Any] = score(hypotheses, references)
+    if raw_ref is not None:
+        raw, lines = raw_score(hypotheses, raw_references, lang, recase_lines)
+        result.update(raw)
+        if output is not None:
+            Path(f"{output}.detok").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        result.update(raw_ref=str(raw_ref), recase_from=None if recase_from is None else str(recase_from))
     result.update(sentences=len(sources), beam=beam, alpha=alpha, max_len_a=max_len_a,
                   max_len_b=max_len_b, model=str(model_dir), src=str(src), ref=str(ref))
     return result
