@@ -59,6 +59,10 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = Transformer.load(args.model, map_location=args.device).eval()
+    if args.int8:
+        from .nn.quantize import quantize_int8
+
+        model = quantize_int8(model)
     tokenizer = Tokenizer.load(args.model)
     if args.input:
         if args.output and Path(args.output).resolve() == Path(args.input).resolve():
@@ -86,7 +90,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     result = evaluate(args.model, args.src, args.ref, args.beam, args.alpha, args.max_len_a,
                       args.max_len_b, args.batch_tokens, args.output, args.device,
-                      args.raw_ref, args.recase_from, args.lang)
+                      args.raw_ref, args.recase_from, args.lang, args.int8)
     print(json.dumps(result))
 
 
@@ -191,6 +195,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-b", type=int, default=50, help="(default b: 50, the paper's input length + 50)")
     p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--int8", action="store_true",
+                   help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
+                        "slightly less accurate: see docs/results.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

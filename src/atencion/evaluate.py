@@ -52,10 +52,12 @@ def raw_score(hypotheses: list[str], raw_references: list[str], lang: str,
 def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int = 4, alpha: float = 0.6,
              max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4096,
              output: str | Path | None = None, device: str = "cpu", raw_ref: str | Path | None = None,
-             recase_from: str | Path | None = None, lang: str | None = None) -> dict[str, Any]:
+             recase_from: str | Path | None = None, lang: str | None = None,
+             int8: bool = False) -> dict[str, Any]:
     """Translate ``src`` with the model in ``model_dir`` and score it against ``ref``; with
     ``raw_ref`` also against the raw references (see ``raw_score``; ``lang`` defaults to the
-    suffix of ``raw_ref``'s name, as in ``test.de.gz``)."""
+    suffix of ``raw_ref``'s name, as in ``test.de.gz``). ``int8``: decode with the int8 copy of
+    the model (``nn/quantize.py``)."""
     from .data.postprocess import language_of
     from .data.tokenizer import Tokenizer
     from .decode.translate import translate_lines
@@ -75,6 +77,10 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
             raise ValueError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
         recase_lines = read_lines(recase_from) if recase_from is not None else None
     model = Transformer.load(model_dir, map_location=device).eval()
+    if int8:
+        from .nn.quantize import quantize_int8
+
+        model = quantize_int8(model)
     tokenizer = Tokenizer.load(model_dir)
     translations = translate_lines(model, tokenizer, sources, beam, alpha, max_len_a, max_len_b, batch_tokens)
     hypotheses = [t[0].text for t in translations]
@@ -87,6 +93,6 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
         if output is not None:
             Path(f"{output}.detok").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         result.update(raw_ref=str(raw_ref), recase_from=None if recase_from is None else str(recase_from))
-    result.update(sentences=len(sources), beam=beam, alpha=alpha, max_len_a=max_len_a,
+    result.update(sentences=len(sources), int8=int8, beam=beam, alpha=alpha, max_len_a=max_len_a,
                   max_len_b=max_len_b, model=str(model_dir), src=str(src), ref=str(ref))
     return result
