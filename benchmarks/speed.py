@@ -14,6 +14,11 @@ lengths if the data is not there. With random weights every engine decodes to th
 length, which is fixed for all engines (--max-len); decoders are compared on the exact same work,
 and `agreement` is the share of sentences whose best hypothesis is identical.
 
+int8 rows: atencion with dynamic int8 linear layers (nn/quantize.py) against CTranslate2 int8.
+With random weights the next-token distributions are flat, so int8 rounding flips choices far
+more often than on a trained model: agreement_int8_vs_fp32 here is a floor; docs/results.md
+gives the BLEU cost on a trained model.
+
 MFU = achieved training FLOP/s (model FLOPs of the real tokens: 3 × forward matmul FLOPs) over
 this machine's fp32 matrix-product peak, measured here with large square matmuls.
 
@@ -265,6 +270,12 @@ def run_size(size: str, args) -> dict:
     result.update(sentences=n, decode_sent_s=n / ours_s, decode_tok_s=sum(map(len, ours_out)) / ours_s,
                   hf_decode_sent_s=n / hf_s, decode_ratio_vs_hf=hf_s / ours_s,
                   agreement_hf=agreement(ours_out, hf_out))
+    if device.type == "cpu":
+        from atencion.nn.quantize import quantize_int8
+
+        int8_out, int8_s = decode_atencion(quantize_int8(ours), batches, n, args.beam, args.alpha, max_len)
+        result.update(int8_decode_sent_s=n / int8_s, int8_decode_ratio_vs_hf=hf_s / int8_s,
+                      agreement_int8_vs_fp32=agreement(int8_out, ours_out))
     try:
         if device.type != "cpu":
             raise ImportError("CTranslate2 is compared on the CPU only")
@@ -277,10 +288,13 @@ def run_size(size: str, args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             export(ours, Path(tmp) / "ct2", "ctranslate2")
             ct2_out, ct2_s = decode_ct2(Path(tmp) / "ct2", srcs, batches, n, args.beam, args.alpha, max_len, "float32")
-            int8_out, int8_s = decode_ct2(Path(tmp) / "ct2", srcs, batches, n, args.beam, args.alpha, max_len, "int8")
-        result.update(ct2_decode_sent_s=n / ct2_s, ct2_int8_decode_sent_s=n / int8_s,
+            ct2_int8_out, ct2_int8_s = decode_ct2(Path(tmp) / "ct2", srcs, batches, n, args.beam, args.alpha,
+                                                  max_len, "int8")
+        result.update(ct2_decode_sent_s=n / ct2_s, ct2_int8_decode_sent_s=n / ct2_int8_s,
                       decode_ratio_vs_ct2=ct2_s / ours_s, agreement=agreement(ours_out, ct2_out),
-                      agreement_int8=agreement(ours_out, int8_out))
+                      agreement_ct2_int8=agreement(ours_out, ct2_int8_out))
+        if "int8_decode_sent_s" in result:
+            result["int8_decode_ratio_vs_ct2_int8"] = ct2_int8_s / int8_s
     return result
 
 
