@@ -7,7 +7,8 @@ if [ ! -x "$root/.venv/bin/python" ]; then
   "$python_bin" -m venv "$root/.venv"
 fi
 stamp="$root/.venv/.installed-$(basename "$1")"
-if [ ! -f "$stamp" ] || [ "$1" -nt "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$1" -nt "$stamp" ] || [ "$root/requirements.txt" -nt "$stamp" ] \
+   || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$1"
   "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
   touch "$stamp"
