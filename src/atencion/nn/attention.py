@@ -92,8 +92,11 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+            # rows of a 2-D view: torch's index_select copies whole rows there, but walks a 4-D
+            # tensor element by element (several times slower on a CPU)
+            shape = (len(index),) + self.k.shape[1:]
+            self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
+            self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
 
 
 class MultiHeadAttention(nn.Module):
