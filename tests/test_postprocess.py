@@ -38,7 +38,7 @@ def test_raw_score_of_the_lowercased_tokenized_references_recovers_them():
     assert without_recaser["raw_bleu_lc"] > BLEU().corpus_score(lines, [RAW[:2]]).score  # casing counts
 
 
-def test_language_of_reads_the_suffix():
+def test_the_language_is_read_from_a_two_letter_file_suffix():
     assert language_of("data/test_2016_flickr.de.gz") == "de"
     assert language_of("train.lc.norm.tok.fr") == "fr"
     assert language_of("references.txt") is None
