@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from atencion.allocator import keep_freed_memory
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "tiny": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4),
@@ -311,6 +313,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu; CTranslate2 runs on cpu only)")
     parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (for GPUs)")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the atencion commands do; process-wide, so every engine here gets it
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

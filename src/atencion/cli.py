@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from .allocator import keep_freed_memory
+
 
 def cmd_presets(args: argparse.Namespace) -> None:
     """Build a tiny model, run it on an example batch, and list the presets' sizes."""
@@ -312,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as err:

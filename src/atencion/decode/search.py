@@ -79,11 +79,9 @@ def _next_logits(model, last: Tensor, state) -> Tensor:
 
 
 def _top_log_probs(logits: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The ``n`` best tokens of each row and their log-probabilities, log_softmax(logits)
-    restricted to them: a row's logsumexp is subtracted from its top-n logits only, so the full
-    (rows × vocab) log-softmax is never written."""
-    top, index = logits.topk(n, dim=-1)
-    return top - torch.logsumexp(logits, dim=-1, keepdim=True), index
+    """The ``n`` best tokens of each row and their log-probabilities (log_softmax over the
+    vocabulary; on a CPU torch's log_softmax kernel is several times faster than logsumexp)."""
+    return torch.log_softmax(logits, dim=-1).topk(n, dim=-1)
 
 
 # greedy ----------------------------------------------------------------------------------------
