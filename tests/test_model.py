@@ -182,3 +182,32 @@ def test_weights_that_do_not_match_the_config_are_reported(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="missing"):
         Transformer.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}])
+def test_beam_state_shares_caches_and_follows_reordered_hypotheses(overrides):
+    """With group > 1 the beams of a sentence share one self-attention cache and attend to
+    their ancestors through a mask; after re-rankings (a two-token prefix, then steps) and a
+    dropped sentence, every row's logits equal a full forward pass over that row's history."""
+    torch.manual_seed(0)
+    model = small_model(**overrides).eval()
+    src, _ = random_batch(model.cfg)
+    k, vocab = 3, model.cfg.vocab_size
+    memory, src_mask = model.encode(src)
+    state = model.init_state(memory, src_mask, group=k)
+    sentence = torch.arange(len(src)).repeat_interleave(k)         # source sentence of each row
+    history = torch.randint(4, vocab, (len(sentence), 2))
+    logits = model.decode_step(history, state)
+    reorders = [torch.tensor([2, 0, 0, 4, 5, 4, 8, 8, 6]),        # re-rank within each sentence
+                torch.tensor([1, 1, 2, 6, 7, 8]),                  # drop sentence 1, re-rank the others
+                torch.tensor([5, 3, 4, 0, 1, 2])]                  # swap the two sentences
+    # then 20 more steps of random re-rankings: past the caches' first 16 steps of room
+    reorders += [torch.randint(0, k, (2, k)).add(torch.tensor([[0], [k]])).flatten() for _ in range(20)]
+    for index in reorders:
+        state.reorder(index)
+        history, sentence = history[index], sentence[index]
+        new = torch.randint(4, vocab, (len(index), 1))
+        history = torch.cat([history, new], dim=1)
+        logits = model.decode_step(new, state)
+        expected = model(src[sentence], history)[:, -1:]
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)

@@ -169,7 +169,9 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
     k, vocab, eos = beam_size, model.cfg.target_vocab_size, model.cfg.eos_id
     device, n = src_ids.device, len(max_lens)
     # One group of k decoder rows per sentence; the k rows share their sentence's
-    # cross-attention keys and values (computed once, never copied per beam).
+    # cross-attention keys and values (computed once, never copied per beam) and one
+    # self-attention cache, where each hypothesis sees its ancestors' keys through a mask:
+    # re-ranking the beams moves no keys (DecoderState.reorder).
     state = model.init_state(memory, src_mask, group=k)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     active = list(range(n))   # the sentence of each group of k rows

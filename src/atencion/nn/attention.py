@@ -99,6 +99,52 @@ class KVCache:
             self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
 
 
+class BeamKVCache(KVCache):
+    """The self-attention cache of a beam: the ``group`` hypotheses of one sentence share one
+    row, shape (sentences, heads, length · group, d_k), where key ``s · group + j`` is the one
+    written at step ``s`` by beam slot ``j``.
+
+    Keys are never moved when beam search re-ranks hypotheses: a hypothesis attends to the keys
+    of its own ancestors through the mask that :class:`~atencion.nn.transformer.DecoderState`
+    builds from the beams' ancestry, so only the mask changes (a few bytes per key, not d_k
+    floats). :meth:`reorder` selects sentences (when done ones leave the batch).
+    """
+
+    def __init__(self, group: int) -> None:
+        super().__init__()
+        self.group = group
+        self.length = 0  # keys written so far (steps · group); the buffers hold more
+
+    def __len__(self) -> int:
+        return self.length // self.group
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``k``, ``v``: (sentences · group, heads, new, d_k), rows grouped by sentence. They are
+        written into preallocated buffers (doubled when full), so a step copies only its own
+        keys; the result is a view of the buffers' first keys."""
+        k, v = self._interleave(k), self._interleave(v)
+        end = self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):
+            capacity = max(end, 2 * (0 if self.k is None else self.k.size(2)), 16 * self.group)
+            self.k, self.v = self._grow(self.k, k, capacity), self._grow(self.v, v, capacity)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _grow(self, old: Tensor | None, new: Tensor, capacity: int) -> Tensor:
+        b, h, _, d = new.shape
+        buffer = new.new_empty(b, h, capacity, d)
+        if old is not None:
+            buffer[:, :, : self.length] = old[:, :, : self.length]
+        return buffer
+
+    def _interleave(self, x: Tensor) -> Tensor:
+        rows, h, t, d = x.shape
+        b = rows // self.group
+        return x.view(b, self.group, h, t, d).permute(0, 2, 3, 1, 4).reshape(b, h, t * self.group, d)
+
+
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 

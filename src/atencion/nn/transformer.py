@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..fileio import atomic_write
-from .attention import KVCache, check_mask
+from .attention import BeamKVCache, KVCache, check_mask
 from .layers import DecoderLayer, EncoderLayer
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 
@@ -62,7 +62,13 @@ class Encoder(nn.Module):
 @dataclass
 class DecoderState:
     """What incremental decoding keeps between steps: per layer, the self-attention cache and
-    the cross-attention cache (the encoder's keys/values, computed once), plus the source mask."""
+    the cross-attention cache (the encoder's keys/values, computed once), plus the source mask.
+
+    With ``group`` > 1 (a beam: ``group`` consecutive decoder rows per sentence), the rows of a
+    sentence share its caches (:class:`BeamKVCache`), and ``origin`` (sentences, group, offset)
+    records, for each hypothesis and each past step, the beam slot that wrote its ancestor's key
+    then; :meth:`self_attention_mask` turns it into the mask that lets each hypothesis see its
+    own ancestors only."""
 
     memory_mask: Tensor | None
     self_caches: list[KVCache] = field(default_factory=list)
@@ -70,20 +76,52 @@ class DecoderState:
     offset: int = 0
     memory: Tensor | None = None  # the encoder output, until the first step has cached it
     group: int = 1                # decoder rows per source sentence (the beam)
+    origin: Tensor | None = None  # beams only: (sentences, group, offset) beam slots of the ancestors
+
+    def self_attention_mask(self, rows: int, length: int, device) -> Tensor | None:
+        """The self-attention mask for ``length`` new positions of ``rows`` decoder rows (and,
+        for beams, the ancestry extended with them). Without groups: causal, or None for one
+        position. With groups: (sentences, 1, group · length, (offset + length) · group); query
+        ``i · length + l`` (beam slot i, new position l) sees key ``s · group + j`` when slot j
+        held its ancestor at step s, s <= offset + l."""
+        t = self.offset
+        if self.group == 1:
+            return causal_mask(length, t, device) if length > 1 else None
+        k = self.group
+        new = torch.arange(k, device=device).view(1, k, 1).expand(rows // k, k, length)
+        self.origin = new if self.origin is None else torch.cat([self.origin, new], dim=2)
+        ancestors = self.origin.unsqueeze(-1) == torch.arange(k, device=device)  # (b, i, s, j)
+        causal = causal_mask(length, t, device)[0, 0]                            # (l, s)
+        mask = ancestors[:, :, None, :, :] & causal[None, None, :, :, None]      # (b, i, l, s, j)
+        return mask.view(rows // k, 1, k * length, (t + length) * k)
 
     def reorder(self, index: Tensor) -> None:
         """Keep decoder rows ``index`` (in that order), e.g. the surviving beams. With groups
-        (beams), the rows of a group must come from one source sentence: the cross-attention
-        caches, one per sentence, follow the sentences."""
-        for cache in self.self_caches:
-            cache.reorder(index)
-        sentences = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
-        for cache in self.cross_caches:
+        (beams), the rows of a group must come from one source sentence: the caches, one per
+        sentence, follow the sentences, and within a sentence only ``origin`` is permuted."""
+        if self.group == 1:
+            sentences = index
+        else:
+            rows = index.view(-1, self.group)
+            sentences = rows[:, 0] // self.group
+            if self.origin is not None:
+                slots = (rows % self.group)[:, :, None].expand(-1, -1, self.origin.size(2))
+                self.origin = self.origin.index_select(0, sentences).gather(1, slots)
+        current = self._sentences()
+        if current is not None and torch.equal(sentences, torch.arange(current, device=sentences.device)):
+            return  # every sentence stays where it is: nothing to copy
+        for cache in self.self_caches + self.cross_caches:
             cache.reorder(sentences)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, sentences)
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, sentences)
+
+    def _sentences(self) -> int | None:
+        for tensor in (self.memory, self.cross_caches[0].k if self.cross_caches else None):
+            if tensor is not None:
+                return tensor.size(0)
+        return None
 
 
 class Decoder(nn.Module):
@@ -215,15 +253,14 @@ class Transformer(nn.Module):
         ``group`` consecutive rows that share its cross-attention keys and values: they are
         neither copied per beam nor reordered with the beams."""
         n = len(self.decoder.layers)
-        return DecoderState(src_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)],
-                            memory=memory, group=group)
+        self_caches = [KVCache() if group == 1 else BeamKVCache(group) for _ in range(n)]
+        return DecoderState(src_mask, self_caches, [KVCache() for _ in range(n)], memory=memory, group=group)
 
     def decode_step(self, tgt_ids: Tensor, state: DecoderState) -> Tensor:
         """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and
         extending ``state``; equal to the full forward pass at those positions."""
         self._check_ids("tgt_ids", tgt_ids, self.cfg.target_vocab_size)
-        length = tgt_ids.size(1)
-        self_mask = causal_mask(length, state.offset, tgt_ids.device) if length > 1 else None
+        self_mask = state.self_attention_mask(tgt_ids.size(0), tgt_ids.size(1), tgt_ids.device)
         hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state)
         state.memory = None  # now in the cross-attention caches
         return self.generator(hidden)
