@@ -12,7 +12,9 @@ it, CTranslate2 gets atencion's export). Inputs are token ids with the lengths o
 (train for training batches of ~4,096 target tokens, val for decoding; --data), or synthetic
 lengths if the data is not there. With random weights every engine decodes to the maximum
 length, which is fixed for all engines (--max-len); decoders are compared on the exact same work,
-and `agreement` is the share of sentences whose best hypothesis is identical.
+and `agreement` is the share of sentences whose best hypothesis is identical. The engines decode
+in turn, --rounds times (2 with --quick, else 3), and each one's fastest round counts: this
+machine's speed drifts by 10-20% from minute to minute.
 
 int8 rows: atencion with dynamic int8 linear layers (nn/quantize.py) against CTranslate2 int8.
 With random weights the next-token distributions are flat, so int8 rounding flips choices far
@@ -103,23 +105,28 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_tokens_per_second(loss_fn, params, batches, warmup: int, device: torch.device, bf16: bool) -> float:
-    """Target tokens per second of forward + label-smoothed loss + backward + Adam step."""
-    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    tokens, seconds = 0, 0.0
+def train_tokens_per_second(engines: dict, batches, warmup: int, device: torch.device, bf16: bool) -> dict:
+    """Target tokens per second of forward + label-smoothed loss + backward + Adam step, per
+    engine (name: (loss_fn, params)). The engines take turns, one batch each, so that a slow
+    moment of a shared machine falls on all of them alike."""
+    optimizers = {name: torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+                  for name, (_, params) in engines.items()}
+    tokens, seconds = 0, dict.fromkeys(engines, 0.0)
     for i, batch in enumerate(batches):
-        synchronize(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(batch)
-        (loss / batch.n_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        synchronize(device)
+        for name, (loss_fn, _) in engines.items():
+            synchronize(device)
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_fn(batch)
+            (loss / batch.n_tokens).backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            synchronize(device)
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - start
         if i >= warmup:
-            seconds += time.perf_counter() - start
             tokens += batch.n_tokens
-    return tokens / seconds
+    return {name: tokens / seconds[name] for name in engines}
 
 
 def training_flops(cfg, batches) -> float:
@@ -170,28 +177,22 @@ def decode_batches(lengths, n: int, batch_sentences: int, seed: int = 1):
     return srcs, batches
 
 
-def timed(fn):
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
-def decode_atencion(model, batches, n, beam, alpha, max_len):
+def atencion_decoder(model, batches, n, beam, alpha, max_len):
+    """A function that decodes every batch with atencion and returns the best hypotheses."""
     from atencion.decode.search import beam_search
 
-    outputs = [None] * n
-    def run(batches):
+    def run(batches=batches):
+        outputs = [None] * n
         for rows, ids in batches:
             for i, hyps in zip(rows, beam_search(model, ids, beam, alpha, 0.0, max_len)):
                 outputs[i] = hyps[0].tokens
-    run(batches[:1])  # warm-up, not timed
-    _, seconds = timed(lambda: run(batches))
-    return outputs, seconds
+        return outputs
+    return run
 
 
-def decode_hf(hf, batches, n, beam, alpha, max_len):
-    outputs = [None] * n
-    def run(batches):
+def hf_decoder(hf, batches, n, beam, alpha, max_len):
+    def run(batches=batches):
+        outputs = [None] * n
         with torch.no_grad():
             for rows, ids in batches:
                 generated = hf.generate(input_ids=ids, attention_mask=ids != PAD, num_beams=beam,
@@ -201,26 +202,44 @@ def decode_hf(hf, batches, n, beam, alpha, max_len):
                 for i, seq in zip(rows, generated.tolist()):
                     tokens = seq[1:]
                     outputs[i] = tokens[: tokens.index(EOS)] if EOS in tokens else [t for t in tokens if t != PAD]
-    run(batches[:1])  # warm-up, not timed
-    _, seconds = timed(lambda: run(batches))
-    return outputs, seconds
+        return outputs
+    return run
 
 
-def decode_ct2(export_dir, srcs, batches, n, beam, alpha, max_len, compute_type):
+def ct2_decoder(export_dir, srcs, batches, n, beam, alpha, max_len, compute_type):
     """CTranslate2 on the same batches as the other engines (one translate_batch call each)."""
     from atencion.export.ctranslate2 import ct2_translate
 
-    outputs = [None] * n
-    def run():
+    def run(batches=batches):
+        outputs = [None] * n
         for rows, _ in batches:
             translated = ct2_translate(export_dir, [srcs[i] for i in rows], beam=beam, alpha=alpha,
                                        max_len_a=0.0, max_len_b=max_len, compute_type=compute_type,
                                        threads=torch.get_num_threads(), batch_tokens=10**9)
             for i, tokens in zip(rows, translated):
                 outputs[i] = tokens
-    ct2_translate(export_dir, [srcs[0]], beam=beam, alpha=alpha, max_len_a=0.0, max_len_b=max_len,
-                  compute_type=compute_type, threads=torch.get_num_threads())  # load outside the timing
-    _, seconds = timed(run)
+        return outputs
+    return run
+
+
+def time_decoders(decoders: dict, batches, rounds: int) -> tuple[dict, dict]:
+    """Outputs and seconds per engine. The engines decode every batch in turn, ``rounds`` times;
+    an engine's time is its fastest round, so a slow moment of a shared machine does not land on
+    one engine only. Before each timed run an engine decodes a few sentences (warm-up, and the
+    loading of a CTranslate2 model); after it, CTranslate2's translators are released: a loaded
+    one slows the other engines in this process by about 30% while it waits."""
+    from atencion.export.ctranslate2 import release_translators
+
+    rows, ids = batches[0]
+    warmup = [(rows[:8], ids[:8])]
+    outputs, seconds = {}, {name: float("inf") for name in decoders}
+    for _ in range(rounds):
+        for name, run in decoders.items():
+            run(warmup)
+            start = time.perf_counter()
+            outputs[name] = run()
+            seconds[name] = min(seconds[name], time.perf_counter() - start)
+            release_translators()
     return outputs, seconds
 
 
@@ -231,35 +250,50 @@ def agreement(a, b) -> float:
 # main --------------------------------------------------------------------------------------------
 
 def run_size(size: str, args) -> dict:
-    import tempfile
+    device = torch.device(args.device)
+    result = {}
+    if "train" in args.parts:
+        result.update(training_part(size, args, device))
+    if "decode" in args.parts:
+        result.update(decoding_part(size, args, device))
+    return result
 
+
+def training_part(size: str, args, device: torch.device) -> dict:
     from atencion.train.loss import generator_loss, label_smoothed_loss
 
-    device = torch.device(args.device)
     hf, ours = build_models(size, dropout=0.1)
     hf, ours = hf.to(device), ours.to(device)
-    steps = {"tiny": 12, "base": 6}[size] if args.quick else {"tiny": 40, "base": 15}[size]
+    steps = {"tiny": 12, "base": 4}[size] if args.quick else {"tiny": 40, "base": 15}[size]
+    warmup = 1 if args.quick else 2
     if device.type == "cuda":
         steps *= 5
-    batches = [b.to(device) for b in training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + 2)]
+    batches = [b.to(device) for b in training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + warmup)]
     result = {}
     ours.train()
-    # atencion as its trainer runs it; Hugging Face as its Seq2SeqTrainer would (logits, then the loss)
-    result["train_tok_s"] = train_tokens_per_second(
-        lambda b: generator_loss(ours(b.src, b.tgt_in, select=b.tgt_out != PAD, project=False),
-                                 ours.generator.weight, ours.generator.bias, b.tgt_out, PAD, 0.1)[0],
-        ours.parameters(), batches, 2, device, args.bf16)
     hf.train()
-    result["hf_train_tok_s"] = train_tokens_per_second(
-        lambda b: label_smoothed_loss(hf(input_ids=b.src, attention_mask=b.src != PAD,
-                                         decoder_input_ids=b.tgt_in).logits, b.tgt_out, PAD, 0.1)[0],
-        hf.parameters(), batches, 2, device, args.bf16)
+    speeds = train_tokens_per_second({
+        # atencion as its trainer runs it; Hugging Face as its Seq2SeqTrainer would (logits, then the loss)
+        "ours": (lambda b: generator_loss(ours(b.src, b.tgt_in, select=b.tgt_out != PAD, project=False),
+                                          ours.generator.weight, ours.generator.bias, b.tgt_out, PAD, 0.1)[0],
+                 ours.parameters()),
+        "hf": (lambda b: label_smoothed_loss(hf(input_ids=b.src, attention_mask=b.src != PAD,
+                                                decoder_input_ids=b.tgt_in).logits, b.tgt_out, PAD, 0.1)[0],
+               hf.parameters()),
+    }, batches, warmup, device, args.bf16)
+    result["train_tok_s"], result["hf_train_tok_s"] = speeds["ours"], speeds["hf"]
     result["train_ratio_vs_hf"] = result["train_tok_s"] / result["hf_train_tok_s"]
-    flops = training_flops(ours.cfg, batches[2:])
-    tokens = sum(b.n_tokens for b in batches[2:])
+    flops = training_flops(ours.cfg, batches[warmup:])
+    tokens = sum(b.n_tokens for b in batches[warmup:])
     result["mfu"] = flops / (tokens / result["train_tok_s"]) / args.peak
+    return result
 
-    # decoding: fresh copies with the same weights, in eval mode
+
+def decoding_part(size: str, args, device: torch.device) -> dict:
+    """Fresh copies with the same weights, in eval mode."""
+    import tempfile
+
+    result = {}
     hf, ours = build_models(size, dropout=0.1)
     hf, ours = hf.to(device).eval(), ours.to(device).eval()
     n = (100 if size == "tiny" else 40) if args.quick else (args.sentences if size == "tiny" else 100)
@@ -268,32 +302,36 @@ def run_size(size: str, args) -> dict:
     srcs, batches = decode_batches(multi30k_lengths(Path(args.data), "val"), n, args.batch_sentences)
     batches = [(rows, ids.to(device)) for rows, ids in batches]
     max_len = args.max_len
-    ours_out, ours_s = decode_atencion(ours, batches, n, args.beam, args.alpha, max_len)
-    hf_out, hf_s = decode_hf(hf, batches, n, args.beam, args.alpha, max_len)
-    result.update(sentences=n, decode_sent_s=n / ours_s, decode_tok_s=sum(map(len, ours_out)) / ours_s,
-                  hf_decode_sent_s=n / hf_s, decode_ratio_vs_hf=hf_s / ours_s,
-                  agreement_hf=agreement(ours_out, hf_out))
+    decoders = {"ours": atencion_decoder(ours, batches, n, args.beam, args.alpha, max_len),
+                "hf": hf_decoder(hf, batches, n, args.beam, args.alpha, max_len)}
     if device.type == "cpu":
         from atencion.nn.quantize import quantize_int8
 
-        int8_out, int8_s = decode_atencion(quantize_int8(ours), batches, n, args.beam, args.alpha, max_len)
-        result.update(int8_decode_sent_s=n / int8_s, int8_decode_ratio_vs_hf=hf_s / int8_s,
-                      agreement_int8_vs_fp32=agreement(int8_out, ours_out))
-    if device.type != "cpu" or importlib.util.find_spec("ctranslate2") is None:  # CTranslate2: CPU only
+        decoders["int8"] = atencion_decoder(quantize_int8(ours), batches, n, args.beam, args.alpha, max_len)
+    ct2 = device.type == "cpu" and importlib.util.find_spec("ctranslate2") is not None  # CTranslate2: CPU only
+    with tempfile.TemporaryDirectory() as tmp:
+        if ct2:
+            from atencion.export import export
+
+            export(ours, Path(tmp) / "ct2", "ctranslate2")
+            for compute_type in ("float32", "int8"):
+                decoders[f"ct2_{compute_type}"] = ct2_decoder(Path(tmp) / "ct2", srcs, batches, n, args.beam,
+                                                              args.alpha, max_len, compute_type)
+        out, s = time_decoders(decoders, batches, args.rounds)
+    result.update(sentences=n, decode_sent_s=n / s["ours"], decode_tok_s=sum(map(len, out["ours"])) / s["ours"],
+                  hf_decode_sent_s=n / s["hf"], decode_ratio_vs_hf=s["hf"] / s["ours"],
+                  agreement_hf=agreement(out["ours"], out["hf"]))
+    if "int8" in s:
+        result.update(int8_decode_sent_s=n / s["int8"], int8_decode_ratio_vs_hf=s["hf"] / s["int8"],
+                      agreement_int8_vs_fp32=agreement(out["int8"], out["ours"]))
+    if not ct2:
         result["ct2_decode_sent_s"] = None
     else:
-        from atencion.export import export
-
-        with tempfile.TemporaryDirectory() as tmp:
-            export(ours, Path(tmp) / "ct2", "ctranslate2")
-            ct2_out, ct2_s = decode_ct2(Path(tmp) / "ct2", srcs, batches, n, args.beam, args.alpha, max_len, "float32")
-            ct2_int8_out, ct2_int8_s = decode_ct2(Path(tmp) / "ct2", srcs, batches, n, args.beam, args.alpha,
-                                                  max_len, "int8")
-        result.update(ct2_decode_sent_s=n / ct2_s, ct2_int8_decode_sent_s=n / ct2_int8_s,
-                      decode_ratio_vs_ct2=ct2_s / ours_s, agreement=agreement(ours_out, ct2_out),
-                      agreement_ct2_int8=agreement(ours_out, ct2_int8_out))
-        if "int8_decode_sent_s" in result:
-            result["int8_decode_ratio_vs_ct2_int8"] = ct2_int8_s / int8_s
+        result.update(ct2_decode_sent_s=n / s["ct2_float32"], ct2_int8_decode_sent_s=n / s["ct2_int8"],
+                      decode_ratio_vs_ct2=s["ct2_float32"] / s["ours"], agreement=agreement(out["ours"], out["ct2_float32"]),
+                      agreement_ct2_int8=agreement(out["ours"], out["ct2_int8"]))
+        if "int8" in s:
+            result["int8_decode_ratio_vs_ct2_int8"] = s["ct2_int8"] / s["int8"]
     return result
 
 
@@ -303,16 +341,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 3 minutes)")
     parser.add_argument("--sizes", default="tiny,base", help="comma-separated: tiny, base (default: both)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--parts", default="train,decode",
+                        help="comma-separated: train, decode (default: both)")
     parser.add_argument("--sentences", type=int, default=500, help="decoded sentences at tiny size (default: 500)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="sentences per decoding batch, the same batches for every engine (default: 64)")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-len", type=int, default=24, help="maximum output length, all engines")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="decoding rounds per engine, interleaved; each engine's fastest counts "
+                             "(default: 2 with --quick, else 3)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu; CTranslate2 runs on cpu only)")
     parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (for GPUs)")
     args = parser.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.parts = args.parts.split(",")
+    for name, given, known in (("--parts", args.parts, ("train", "decode")), ("--sizes", args.sizes.split(","), SIZES)):
+        if not given or not set(given) <= set(known):
+            parser.error(f"{name} takes a comma-separated list of {', '.join(known)}; got {','.join(given)!r}")
     keep_freed_memory()  # as the atencion commands do; process-wide, so every engine here gets it
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -196,6 +196,13 @@ def _load(directory: str, mtime: float, compute_type: str, device: str, threads:
     return _Loaded(Path(directory), compute_type, device, threads)
 
 
+def release_translators() -> None:
+    """Drop the translators that :func:`ct2_translate` keeps loaded. A loaded CTranslate2
+    translator keeps threads that slow other work in the process while it waits (PyTorch ran
+    about 30% slower beside one in ``benchmarks/speed.py``)."""
+    _load.cache_clear()
+
+
 def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], beam: int = 4,
                   alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                   compute_type: str = "float32", device: str = "cpu", threads: int = 0,
