@@ -203,12 +203,30 @@ def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bia
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_generator_loss_without_autograd_computes_the_loss_only(monkeypatch):
+    from atencion.train.loss import generator_loss
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(20, 8, generator=g, requires_grad=True)
+    weight = torch.randn(31, 8, generator=g, requires_grad=True)
+    target = torch.randint(4, 31, (20,), generator=g)
+    with_grad = generator_loss(hidden, weight, None, target, 0, 0.1, chunk=6)
+    products = []
+    real_matmul = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: products.append(1) or real_matmul(a, b))
+    with torch.no_grad():
+        without = generator_loss(hidden, weight, None, target, 0, 0.1, chunk=6)
+    assert products == []                       # no gradient products under no_grad
+    torch.testing.assert_close(without[0], with_grad[0].detach())
+    torch.testing.assert_close(without[1], with_grad[1])
+
+
 @pytest.mark.parametrize("device", [
     "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 def test_chunked_generator_loss_under_bf16_autocast_is_as_accurate_as_the_plain_bf16_loss(device):
-    """The backward pass recomputes the logits: under autocast it must recompute them in bf16,
-    as the forward pass computed them (fp32 logits against a bf16 log-sum-exp double the error).
-    Errors are measured against the fp32 loss; the plain bf16 path is the yardstick."""
+    """The gradient is computed during the forward pass, under autocast: from the bf16 logits
+    the loss saw, with fp32 products (mixing precisions there doubled the error in an earlier
+    version). Errors are measured against the fp32 loss; the plain bf16 path is the yardstick."""
     from atencion.train.loss import generator_loss
 
     g = torch.Generator().manual_seed(0)

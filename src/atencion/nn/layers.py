@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -27,7 +28,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, Tensor | None]:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..fileio import atomic_write
 from .attention import BeamKVCache, KVCache, check_mask
+from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 
@@ -44,7 +45,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(*_layer_args(cfg)) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
@@ -131,7 +132,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderLayer(*_layer_args(cfg)) for _ in range(cfg.decoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 

@@ -1,8 +1,9 @@
 """§5.4: label-smoothed cross-entropy that ignores padding.
 
 Two implementations of one loss, tested against each other: ``label_smoothed_loss`` on logits
-(the readable one), and ``generator_loss``, which applies the generator itself chunk by chunk
-and never keeps the (tokens × vocabulary) logits: the training path (less memory traffic).
+(the readable one), and ``generator_loss``, which applies the generator itself chunk by chunk,
+never keeps the (tokens × vocabulary) logits and computes the gradient as it goes: the training
+path (less memory traffic, one vocabulary-sized matrix product fewer).
 """
 
 from __future__ import annotations
@@ -39,56 +40,55 @@ def generator_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: 
     """``label_smoothed_loss(hidden @ weightᵀ + bias, target)`` for the n real tokens, with
     ``hidden`` (n, d_model) already restricted to them (``model(..., select=..., project=False)``).
 
-    Per row, loss = logsumexp(z) − (1 − ε)·z_y − ε·mean(z), and its gradient with respect to the
-    logits is softmax(z) − ε/V − (1 − ε)·onehot(y): both are computed ``chunk`` rows at a time,
-    the logits recomputed in the backward pass instead of stored.
+    Per row, with log-probabilities l = log_softmax(z): loss = −(1 − ε)·l_y − ε·mean(l), and its
+    gradient with respect to the logits is softmax(z) − ε/V − (1 − ε)·onehot(y). Both are
+    computed ``chunk`` rows at a time in the forward pass, and the gradient goes straight on to
+    ``hidden``, ``weight`` and ``bias`` there: the logits are never stored nor computed twice,
+    and the backward pass only scales the stored gradients by the incoming one (the loss is
+    linear in it). Without autograd (``torch.no_grad()``, or no input requiring a gradient) only
+    the loss is computed.
     """
     target = target.reshape(-1)
     target = target[target != pad_id]
     if target.numel() != hidden.size(0):
         raise ValueError(f"hidden has {hidden.size(0)} rows for {target.numel()} real target tokens")
-    return _GeneratorLoss.apply(hidden, weight, bias, target, float(epsilon), int(chunk))
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    return _GeneratorLoss.apply(hidden, weight, bias, target, float(epsilon), int(chunk), wants_grad)
 
 
 class _GeneratorLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, epsilon, chunk):
-        lse = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
+    def forward(ctx, hidden, weight, bias, target, epsilon, chunk, wants_grad):
+        vocab, device = weight.size(0), hidden.device.type
         loss = nll = hidden.new_zeros((), dtype=torch.float32)
+        if wants_grad:
+            grad_hidden = torch.empty_like(hidden)
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+            grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if bias is not None else None
         for start in range(0, hidden.size(0), chunk):
             rows = slice(start, start + chunk)
-            z = F.linear(hidden[rows], weight, bias).float()
-            lse[rows] = torch.logsumexp(z, dim=-1)
-            z_y = z.gather(1, target[rows, None]).squeeze(1)
-            nll = nll + (lse[rows] - z_y).sum()
-            loss = loss + (lse[rows] - (1 - epsilon) * z_y - epsilon * z.mean(dim=-1)).sum()
-        ctx.save_for_backward(hidden, weight, bias, target, lse)
-        ctx.epsilon, ctx.chunk = epsilon, chunk
-        # Autograd runs backward outside autocast: the recomputed logits must see the precision
-        # the forward pass saw, or softmax = exp(z − lse) mixes bf16 and fp32 logits.
-        device = hidden.device.type
-        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
+            h, y = hidden[rows], target[rows, None]
+            log_probs = F.log_softmax(F.linear(h, weight, bias).float(), dim=-1)  # autocast's precision
+            l_y = log_probs.gather(1, y).squeeze(1)
+            nll = nll - l_y.sum()
+            loss = loss - ((1 - epsilon) * l_y + epsilon * log_probs.mean(dim=-1)).sum()
+            if wants_grad:
+                # Gradients in float32 whatever autocast does around this forward pass.
+                with torch.autocast(device, enabled=False):
+                    g = log_probs.exp_().sub_(epsilon / vocab)
+                    g.scatter_add_(1, y, g.new_full((g.size(0), 1), epsilon - 1.0))
+                    grad_hidden[rows] = (g @ weight.float()).to(hidden.dtype)
+                    grad_weight.addmm_(g.t(), h.float())
+                    if grad_bias is not None:
+                        grad_bias += g.sum(0)
+        if wants_grad:
+            ctx.grads = (grad_hidden, grad_weight.to(weight.dtype),
+                         grad_bias.to(bias.dtype) if grad_bias is not None else None)
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
-        hidden, weight, bias, target, lse = ctx.saved_tensors
-        eps, vocab = ctx.epsilon, weight.size(0)
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-        grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if bias is not None else None
-        for start in range(0, hidden.size(0), ctx.chunk):
-            rows = slice(start, start + ctx.chunk)
-            h = hidden[rows]
-            with torch.autocast(ctx.autocast[0], dtype=ctx.autocast[1], enabled=ctx.autocast[2]):
-                z = F.linear(h, weight, bias)
-            g = z.float().sub_(lse[rows, None]).exp_().sub_(eps / vocab)
-            g.scatter_add_(1, target[rows, None], g.new_full((g.size(0), 1), eps - 1.0))
-            g.mul_(grad_loss)
-            grad_hidden[rows] = (g @ weight.float()).to(hidden.dtype)
-            grad_weight.addmm_(g.t(), h.float())
-            if grad_bias is not None:
-                grad_bias += g.sum(0)
-        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None
+        grads = tuple(None if g is None else g * grad_loss.to(g.dtype) for g in ctx.grads)
+        del ctx.grads
+        return grads + (None, None, None, None)
