@@ -264,7 +264,7 @@ def training_part(size: str, args, device: torch.device) -> dict:
 
     hf, ours = build_models(size, dropout=0.1)
     hf, ours = hf.to(device), ours.to(device)
-    steps = {"tiny": 12, "base": 4}[size] if args.quick else {"tiny": 40, "base": 15}[size]
+    steps = {"tiny": 12, "base": 3}[size] if args.quick else {"tiny": 40, "base": 15}[size]
     warmup = 1 if args.quick else 2
     if device.type == "cuda":
         steps *= 5

@@ -30,6 +30,7 @@ two differ is written there.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 from pathlib import Path
@@ -201,6 +202,7 @@ def release_translators() -> None:
     translator keeps threads that slow other work in the process while it waits (PyTorch ran
     about 30% slower beside one in ``benchmarks/speed.py``)."""
     _load.cache_clear()
+    gc.collect()  # the translator goes now, with its threads
 
 
 def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], beam: int = 4,
