@@ -250,3 +250,19 @@ def test_a_model_in_training_mode_is_refused():
         beam_search(model, src)
     with pytest.raises(ValueError, match=r"model\.eval\(\)"):
         greedy_search(model, src)
+
+
+@pytest.mark.parametrize("vocab", [10_000, 10_007, 37_000, 200])
+def test_topk_rows_through_chunk_maxima_equals_torch_topk(vocab):
+    from atencion.decode.search import topk_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.log_softmax(torch.randn(50, vocab, generator=g) * 3, dim=-1)
+    x[:, [0, 2]] = float("-inf")                       # PAD and BOS, as the search bans them
+    x[7, 64 * 3: 64 * 4] += 40                         # one row's best entries all in one chunk
+    x[9, -5:] += 40                                    # and another's in the last, partial chunk
+    for n in (1, 10):
+        values, index = topk_rows(x, n)
+        want_values, want_index = x.topk(n, dim=1)
+        assert torch.equal(values, want_values)
+        assert torch.equal(index, want_index)          # no ties among random floats

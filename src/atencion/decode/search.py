@@ -81,7 +81,32 @@ def _next_logits(model, last: Tensor, state) -> Tensor:
 def _top_log_probs(logits: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """The ``n`` best tokens of each row and their log-probabilities (log_softmax over the
     vocabulary; on a CPU torch's log_softmax kernel is several times faster than logsumexp)."""
-    return torch.log_softmax(logits, dim=-1).topk(n, dim=-1)
+    return topk_rows(torch.log_softmax(logits, dim=-1), n)
+
+
+def topk_rows(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """``x.topk(n, dim=1)`` for a (rows, vocab) tensor, best first, through chunk maxima.
+
+    A row is cut into chunks of ``chunk`` entries; the n best entries lie in the n chunks with
+    the largest maxima (an entry outside them has n chunk maxima, n distinct entries, at least
+    as large), so one top-k runs over those n chunks (plus the row's last, partial chunk) only.
+    Vectorized maxima make this 2-3x faster than torch's top-k over a 10,000-token vocabulary
+    on a CPU. Same values as ``topk``; among exactly equal values the indices chosen may differ.
+    Small vocabularies (under 4 · n chunks) go to ``topk`` directly.
+    """
+    rows, vocab = x.shape
+    whole = vocab // chunk
+    if whole < 4 * n:
+        return x.topk(n, dim=1)
+    main = x[:, : whole * chunk].view(rows, whole, chunk)
+    best_chunks = main.amax(dim=2).topk(n, dim=1).indices                          # (rows, n)
+    values = main.gather(1, best_chunks[:, :, None].expand(-1, -1, chunk)).view(rows, n * chunk)
+    index = (best_chunks[:, :, None] * chunk + torch.arange(chunk, device=x.device)).view(rows, n * chunk)
+    if whole * chunk < vocab:
+        values = torch.cat([values, x[:, whole * chunk:]], dim=1)
+        index = torch.cat([index, torch.arange(whole * chunk, vocab, device=x.device).expand(rows, -1)], dim=1)
+    top, where = values.topk(n, dim=1)
+    return top, index.gather(1, where)
 
 
 # greedy ----------------------------------------------------------------------------------------
