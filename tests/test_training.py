@@ -203,6 +203,32 @@ def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bia
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_generator_loss_when_a_target_probability_underflows():
+    """A target 200 nats below the best token: its probability is 0 in float32, so the loss
+    must come from log_softmax (finite, as the plain loss), not from log(p_y)."""
+    from atencion.train.loss import generator_loss
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, 8, generator=g)
+    weight = torch.randn(31, 8, generator=g)
+    bias = torch.zeros(31)
+    bias[5] = 200.0
+    hidden, weight, bias = (t.requires_grad_() for t in (hidden, weight, bias))
+    target = torch.tensor([7, 5, 9, 5, 11, 12])
+    loss, nll = generator_loss(hidden, weight, bias, target, 0, 0.1, chunk=4)
+    loss.backward()
+    grads = [t.grad.clone() for t in (hidden, weight, bias)]
+    for t in (hidden, weight, bias):
+        t.grad = None
+    expected, expected_nll = label_smoothed_loss(F.linear(hidden, weight, bias), target, 0, 0.1)
+    expected.backward()
+    assert torch.isfinite(loss) and expected_nll > 400
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, expected_nll)
+    for got, t in zip(grads, (hidden, weight, bias)):
+        torch.testing.assert_close(got, t.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_generator_loss_without_autograd_computes_the_loss_only(monkeypatch):
     from atencion.train.loss import generator_loss
 

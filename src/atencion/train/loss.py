@@ -56,6 +56,29 @@ def generator_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: 
     return _GeneratorLoss.apply(hidden, weight, bias, target, float(epsilon), int(chunk), wants_grad)
 
 
+SAFE_PROB = 1e-30  # below this (near float32's smallest normal), log p_y is taken from log_softmax
+
+
+def _log_likelihoods(z: Tensor, y: Tensor, need_probs: bool) -> tuple[Tensor | None, Tensor, Tensor]:
+    """For logits z (rows, V) and targets y (rows, 1): softmax(z) when ``need_probs`` (else
+    None), the log-probabilities l_y of the targets and the mean log-probability of each row.
+
+    With the probabilities needed anyway (for the gradient), a CPU takes them from softmax, one
+    pass, and gets the rest without a log_softmax pass: log p_y = log(p_y),
+    logsumexp(z) = z_y − log p_y and mean(l) = mean(z) − logsumexp(z). That is exact as long as
+    p_y is a normal float; a chunk where some p_y is below ``SAFE_PROB`` takes log_softmax.
+    """
+    if need_probs and z.device.type == "cpu":
+        probs = torch.softmax(z, dim=-1)
+        p_y = probs.gather(1, y).squeeze(1)
+        if bool((p_y >= SAFE_PROB).all()):
+            l_y = p_y.log()
+            return probs, l_y, z.mean(dim=-1) - (z.gather(1, y).squeeze(1) - l_y)
+    log_probs = F.log_softmax(z, dim=-1)
+    l_y, mean_l = log_probs.gather(1, y).squeeze(1), log_probs.mean(dim=-1)
+    return (log_probs.exp_() if need_probs else None), l_y, mean_l
+
+
 class _GeneratorLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, epsilon, chunk, wants_grad):
@@ -68,14 +91,14 @@ class _GeneratorLoss(torch.autograd.Function):
         for start in range(0, hidden.size(0), chunk):
             rows = slice(start, start + chunk)
             h, y = hidden[rows], target[rows, None]
-            log_probs = F.log_softmax(F.linear(h, weight, bias).float(), dim=-1)  # autocast's precision
-            l_y = log_probs.gather(1, y).squeeze(1)
+            z = F.linear(h, weight, bias).float()  # in autocast's precision, then float32
+            probs, l_y, mean_l = _log_likelihoods(z, y, need_probs=wants_grad)
             nll = nll - l_y.sum()
-            loss = loss - ((1 - epsilon) * l_y + epsilon * log_probs.mean(dim=-1)).sum()
+            loss = loss - ((1 - epsilon) * l_y + epsilon * mean_l).sum()
             if wants_grad:
                 # Gradients in float32 whatever autocast does around this forward pass.
                 with torch.autocast(device, enabled=False):
-                    g = log_probs.exp_().sub_(epsilon / vocab)
+                    g = probs.sub_(epsilon / vocab)
                     g.scatter_add_(1, y, g.new_full((g.size(0), 1), epsilon - 1.0))
                     grad_hidden[rows] = (g @ weight.float()).to(hidden.dtype)
                     grad_weight.addmm_(g.t(), h.float())
