@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
+    from atencion.allocator import keep_freed_memory
     from atencion.evaluate import evaluate
     from atencion.train.checkpoint import average_checkpoints, list_checkpoints
     from atencion.train.config import load_config
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         overrides.append(f"train.time_limit_minutes={args.minutes}")
     cfg = load_config(args.config, overrides + args.set)
     out = Path(args.out)
+    keep_freed_memory()  # as the atencion commands do
     summary = train(cfg, out / "run")
 
     checkpoints = list_checkpoints(out / "run" / "checkpoints")[-args.average:]
