@@ -203,7 +203,7 @@ def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bia
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
-def test_generator_loss_when_a_target_probability_underflows():
+def test_generator_loss_stays_exact_when_a_target_probability_underflows():
     """A target 200 nats below the best token: its probability is 0 in float32, so the loss
     must come from log_softmax (finite, as the plain loss), not from log(p_y)."""
     from atencion.train.loss import generator_loss

@@ -108,8 +108,8 @@ class DecoderState:
             if self.origin is not None:
                 slots = (rows % self.group)[:, :, None].expand(-1, -1, self.origin.size(2))
                 self.origin = self.origin.index_select(0, sentences).gather(1, slots)
-        current = self._sentences()
-        if current is not None and torch.equal(sentences, torch.arange(current, device=sentences.device)):
+        mask = self.memory_mask
+        if mask is not None and torch.equal(sentences, torch.arange(mask.size(0), device=sentences.device)):
             return  # every sentence stays where it is: nothing to copy
         for cache in self.self_caches + self.cross_caches:
             cache.reorder(sentences)
@@ -117,12 +117,6 @@ class DecoderState:
             self.memory = self.memory.index_select(0, sentences)
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, sentences)
-
-    def _sentences(self) -> int | None:
-        for tensor in (self.memory, self.cross_caches[0].k if self.cross_caches else None):
-            if tensor is not None:
-                return tensor.size(0)
-        return None
 
 
 class Decoder(nn.Module):

@@ -85,6 +85,7 @@ class _GeneratorLoss(torch.autograd.Function):
         vocab, device = weight.size(0), hidden.device.type
         loss = nll = hidden.new_zeros((), dtype=torch.float32)
         if wants_grad:
+            weight32 = weight.float()
             grad_hidden = torch.empty_like(hidden)
             grad_weight = torch.zeros_like(weight, dtype=torch.float32)
             grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if bias is not None else None
@@ -100,7 +101,7 @@ class _GeneratorLoss(torch.autograd.Function):
                 with torch.autocast(device, enabled=False):
                     g = probs.sub_(epsilon / vocab)
                     g.scatter_add_(1, y, g.new_full((g.size(0), 1), epsilon - 1.0))
-                    grad_hidden[rows] = (g @ weight.float()).to(hidden.dtype)
+                    grad_hidden[rows] = (g @ weight32).to(hidden.dtype)
                     grad_weight.addmm_(g.t(), h.float())
                     if grad_bias is not None:
                         grad_bias += g.sum(0)
@@ -113,5 +114,4 @@ class _GeneratorLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
         grads = tuple(None if g is None else g * grad_loss.to(g.dtype) for g in ctx.grads)
-        del ctx.grads
         return grads + (None, None, None, None)
