@@ -44,6 +44,33 @@ def test_source_padding_is_not_attended_to():
     torch.testing.assert_close(model(garbage, tgt, src_mask=mask), model(src, tgt))
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_on_real_positions_only_equals_the_padded_encoder(norm_first):
+    """With ``pack`` the encoder computes on the real positions only: the same output there, and
+    zeros at the padding (so the packed path did run); the same gradients for a loss that reads
+    the real positions; and the same logits from the whole model, which packs, as from its
+    unpacked path (``return_attention`` turns packing off)."""
+    model = small_model(norm_first=norm_first)
+    src, tgt = random_batch(model.cfg, batch=4, src_len=9)
+    mask = model.padding_mask(src)
+    real = mask[:, 0, 0]
+    outputs, grads = {}, {}
+    for pack in (False, True):
+        model.zero_grad()
+        memory, _ = model.encoder(src, mask, pack=pack)
+        (memory[real] ** 2).sum().backward()
+        outputs[pack] = memory.detach()
+        grads[pack] = {name: p.grad.clone() for name, p in model.encoder.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(outputs[True][real], outputs[False][real], atol=1e-5, rtol=1e-5)
+    assert (~real).any() and outputs[True][~real].abs().max() == 0
+    assert outputs[False][~real].abs().max() > 0.1
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) > 0
+    for name in grads[True]:
+        torch.testing.assert_close(grads[True][name], grads[False][name], atol=1e-4, rtol=1e-4)
+    unpacked, _ = model(src, tgt, return_attention=True)
+    torch.testing.assert_close(model(src, tgt), unpacked, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("overrides", [
     {}, {"norm_first": True}, {"positional": "learned"}, {"share_embeddings": False, "tie_output": False,
                                                           "tgt_vocab_size": 30, "output_bias": True},

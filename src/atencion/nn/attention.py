@@ -145,6 +145,29 @@ class BeamKVCache(KVCache):
         return x.view(b, self.group, h, t, d).permute(0, 2, 3, 1, 4).reshape(b, h, t * self.group, d)
 
 
+class Packing:
+    """The real (non-padding) positions of a right-padded batch, so that the position-wise work
+    (projections, feed-forward, layer norms, dropout) runs on the ``n`` real rows only.
+
+    Layers then hold activations packed as (n, d); attention, the one step that mixes positions,
+    scatters its projections back to (batch, length) around the kernel (padding rows zero,
+    hidden from every query by the mask) and packs its output again."""
+
+    def __init__(self, real: Tensor):
+        """``real``: (batch, length) boolean, True at the positions to keep."""
+        self.batch, self.length = real.shape
+        self.index = real.flatten().nonzero().squeeze(1)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(batch, length, d) → (n, d)."""
+        return x.reshape(-1, x.size(-1)).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(n, d) → (batch, length, d), zeros at the positions left out."""
+        padded = x.new_zeros(self.batch * self.length, x.size(-1)).index_copy(0, self.index, x)
+        return padded.view(self.batch, self.length, -1)
+
+
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -172,14 +195,20 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (batch, q_len, d_model) to itself, or to ``memory`` (cross).
 
         With a ``cache``, self-attention appends the new keys/values to it; cross-attention
         fills an empty cache from ``memory`` once and then reuses it (``memory`` may be None).
+        With a ``packing`` (self-attention without a cache), ``x`` holds the real positions only,
+        (n, d_model), and so does the result.
         """
         if not self.cross:
-            q, k, v = self._heads(self.in_proj(x), 3).unbind(0)
+            projected = self.in_proj(x)
+            if packing is not None:
+                projected = packing.unpack(projected)
+            q, k, v = self._heads(projected, 3).unbind(0)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
@@ -205,7 +234,9 @@ class MultiHeadAttention(nn.Module):
             out = out.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
             if weights is not None:
                 weights = weights.view(b, h, group, t, -1).transpose(1, 2).reshape(b * group, h, t, -1)
-        out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)
+        out = out.transpose(1, 2).reshape(out.size(0), out.size(2), self.d_model)
+        if packing is not None:
+            out = packing.pack(out)
         return self.out_proj(out), weights
 
     def _heads(self, x: Tensor, n: int) -> Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention, Packing
 from .dropout import Dropout
 
 
@@ -51,8 +51,11 @@ class EncoderLayer(nn.Module):
         self.res_attn = Residual(d_model, dropout, norm_first, eps)
         self.res_ffn = Residual(d_model, dropout, norm_first, eps)
 
-    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False):
-        x, weights = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, need_weights=need_weights))
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False,
+                packing: Packing | None = None):
+        """``x``: (batch, length, d_model), or with a ``packing`` its real positions (n, d_model)."""
+        x, weights = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, need_weights=need_weights,
+                                                               packing=packing))
         x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
         return x, weights
 

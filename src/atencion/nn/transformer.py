@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..fileio import atomic_write
-from .attention import BeamKVCache, KVCache, check_mask
+from .attention import BeamKVCache, KVCache, Packing, check_mask
 from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
@@ -49,14 +49,25 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(*_layer_args(cfg)) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
-    def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False):
-        x = self.dropout(self.embed(src_ids) + self.positions(src_ids.size(1)))
+    def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False):
+        """The encoder output (batch, src_len, d_model) and, with ``need_weights``, each layer's
+        attention weights. With ``pack`` (and a key-padding ``mask``, (batch, 1, 1, src_len)),
+        the layers compute on the real positions only and the output is zero at the masked ones;
+        nothing reads them, as the mask hides them from every query."""
+        x = self.embed(src_ids) + self.positions(src_ids.size(1))
+        packing = None
+        if pack and not need_weights and mask is not None and mask.shape[1:3] == (1, 1) and not mask.all():
+            packing = Packing(mask[:, 0, 0, :].expand(src_ids.shape))
+            x = packing.pack(x)
+        x = self.dropout(x)
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights)
+            x, weights = layer(x, mask, need_weights, packing)
             attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if packing is not None:
+            x = packing.unpack(x)
         return x, attentions
 
 
@@ -202,7 +213,8 @@ class Transformer(nn.Module):
         loss that applies the generator itself, see train/loss.py). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
         "decoder" (masked self) and "cross"."""
-        memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention)
+        # the encoder skips the source padding here (its output there is never read)
+        memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention, pack=True)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
         if tgt_in_ids.size(0) != src_ids.size(0):
             raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, got "
@@ -228,12 +240,12 @@ class Transformer(nn.Module):
         memory, src_mask, _ = self._encode(src_ids, src_mask, False)
         return memory, src_mask
 
-    def _encode(self, src_ids, src_mask, need_weights):
+    def _encode(self, src_ids, src_mask, need_weights, pack=False):
         self._check_ids("src_ids", src_ids, self.cfg.vocab_size)
         if src_mask is None:
             src_mask = self.padding_mask(src_ids)
         check_mask(src_mask, "src_mask", src_ids.size(0), 1, src_ids.size(1))
-        memory, attentions = self.encoder(src_ids, src_mask, need_weights)
+        memory, attentions = self.encoder(src_ids, src_mask, need_weights, pack)
         return memory, src_mask, attentions
 
     def padding_mask(self, ids: Tensor) -> Tensor:
