@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .allocator import keep_freed_memory
+from .errors import AtencionError
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -68,7 +69,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     tokenizer = Tokenizer.load(args.model)
     if args.input:
         if args.output and Path(args.output).resolve() == Path(args.input).resolve():
-            raise ValueError(f"--output {args.output} is the input file; choose another name")
+            raise AtencionError(f"--output {args.output} is the input file; choose another name")
         lines = read_lines(args.input, allow_empty=True)
     else:
         lines = [line.rstrip("\r\n") for line in sys.stdin]
@@ -102,7 +103,7 @@ def cmd_average(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
-        raise ValueError(f"--out {out} exists and is not empty; pass --force to replace it")
+        raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
     average_checkpoints([Path(p) for p in args.checkpoints], out)
     print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
 
@@ -110,13 +111,13 @@ def cmd_average(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     """Generate a Spanish→English corpus from the project's own grammar, train a tiny model on it
     (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
-    from .demo.run import run_demo
-
     import time
+
+    from .demo.run import run_demo
 
     out = Path(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"))
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out} exists and is not empty; choose another directory "
+        raise AtencionError(f"--out {out} exists and is not empty; choose another directory "
                          f"(nothing was overwritten)")
     summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
                        n_test=args.test_size, seed=args.seed)
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except AtencionError as err:
         print(f"atencion {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import AtencionError
+
 
 @dataclass
 class ModelConfig:
@@ -48,29 +50,29 @@ class ModelConfig:
             if getattr(self, key) is not None:
                 _require_positive_int(key, getattr(self, key))
         if self.d_model % self.n_heads != 0:
-            raise ValueError(
+            raise AtencionError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
                 f"each of the h heads gets d_k = d_model / h dimensions"
             )
         if self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            raise ValueError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
+            raise AtencionError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{key} must be a number in [0, 1), got {value!r}")
+                raise AtencionError(f"{key} must be a number in [0, 1), got {value!r}")
         _require_choice("activation", self.activation, ("relu", "gelu"))
         _require_choice("positional", self.positional, ("sinusoidal", "learned"))
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            raise ValueError(
+            raise AtencionError(
                 f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
                 f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
             )
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{key} must be an integer, got {value!r}")
+                raise AtencionError(f"{key} must be an integer, got {value!r}")
             if not 0 <= value < min(self.vocab_size, self.target_vocab_size):
-                raise ValueError(
+                raise AtencionError(
                     f"{key} must be a token id in [0, {min(self.vocab_size, self.target_vocab_size)}), "
                     f"got {value}"
                 )
@@ -93,7 +95,7 @@ class ModelConfig:
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3) or ``tiny`` (Transformer-Tiny)."""
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+            raise AtencionError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=f"preset {name!r}")
 
     # serialisation ---------------------------------------------------------------------------
@@ -104,13 +106,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "ModelConfig":
         if not isinstance(values, dict):
-            raise ValueError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
+            raise AtencionError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+            raise AtencionError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
         if "vocab_size" not in values:
-            raise ValueError(f"{source}: missing the required key 'vocab_size'")
+            raise AtencionError(f"{source}: missing the required key 'vocab_size'")
         return cls(**values)
 
     def save(self, path: str | Path) -> None:
@@ -134,9 +136,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def _require_positive_int(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        raise AtencionError(f"{key} must be a positive integer, got {value!r}")
 
 
 def _require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}")
+        raise AtencionError(f"{key} must be one of {list(choices)}, got {value!r}")

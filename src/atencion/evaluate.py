@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .data.corpus import read_lines
+from .errors import AtencionError
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, float]:
@@ -18,7 +19,7 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise AtencionError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     refs = [references]
     return {
         "bleu": round(BLEU(tokenize="13a").corpus_score(hypotheses, refs).score, 2),
@@ -65,16 +66,16 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
 
     sources, references = read_lines(src), read_lines(ref)
     if len(sources) != len(references):
-        raise ValueError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
+        raise AtencionError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
                          f"they must be aligned line by line")
     if raw_ref is not None:
         raw_references = read_lines(raw_ref)
         if len(raw_references) != len(sources):
-            raise ValueError(f"{raw_ref} has {len(raw_references)} lines but {src} has {len(sources)}; "
+            raise AtencionError(f"{raw_ref} has {len(raw_references)} lines but {src} has {len(sources)}; "
                              f"they must be aligned line by line")
         lang = lang or language_of(raw_ref)
         if lang is None:
-            raise ValueError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
+            raise AtencionError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
         recase_lines = read_lines(recase_from) if recase_from is not None else None
     model = Transformer.load(model_dir, map_location=device).eval()
     if int8:

@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from .errors import AtencionError, MissingFileError
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary name in the same directory, then rename it to ``path``."""
@@ -47,8 +49,8 @@ def read_json(path: str | os.PathLike, what: str):
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: {what} not found")
+        raise MissingFileError(f"{path}: {what} not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a valid JSON {what} ({err})") from None
+        raise AtencionError(f"{path}: not a valid JSON {what} ({err})") from None

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..errors import AtencionError
+
 Example = tuple[list[int], list[int]]  # (source ids, target ids), without BOS/EOS
 
 
@@ -45,7 +47,7 @@ def token_batches(lengths: list[tuple[int, int]], max_tokens: int, seed: int | N
     shuffled with the same seed. ``seed=None`` keeps the sorted order (for evaluation).
     """
     if max_tokens <= 0:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        raise AtencionError(f"max_tokens must be positive, got {max_tokens}")
     rng = random.Random(seed)
     order = list(range(len(lengths)))
     if seed is not None:

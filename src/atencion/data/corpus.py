@@ -10,10 +10,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import AtencionError, MissingFileError
+
 log = logging.getLogger(__name__)
 
 
-class CorpusError(ValueError):
+class CorpusError(AtencionError):
     """A corpus file that cannot be used as it is; the message names the file and line."""
 
 
@@ -41,7 +43,7 @@ def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
     """All lines of a UTF-8 text file (gzip if it ends in .gz), without their line endings."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found")
+        raise MissingFileError(f"{path}: file not found")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
@@ -75,7 +77,7 @@ def read_parallel(
     alone: source TAB target on each line). ``empty_lines`` is "skip" (drop and count) or
     "error"."""
     if empty_lines not in ("skip", "error"):
-        raise ValueError(f"empty_lines must be 'skip' or 'error', got {empty_lines!r}")
+        raise AtencionError(f"empty_lines must be 'skip' or 'error', got {empty_lines!r}")
     if tgt is None:
         rows = []
         for number, line in enumerate(read_lines(src), start=1):

@@ -7,6 +7,8 @@ import logging
 import urllib.request
 from pathlib import Path
 
+from ..errors import AtencionError
+
 log = logging.getLogger(__name__)
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1"
@@ -35,7 +37,7 @@ def download_multi30k(out: str | Path, base_url: str = MULTI30K_URL) -> list[Pat
                     with urllib.request.urlopen(url, timeout=60) as response:
                         data = response.read()
                 except OSError as err:
-                    raise ValueError(f"{url}: download failed ({err})") from None
+                    raise AtencionError(f"{url}: download failed ({err})") from None
                 if not local.endswith(".gz") or not remote.endswith(".gz"):
                     data = gzip.compress(data, mtime=0)
                 target.parent.mkdir(parents=True, exist_ok=True)

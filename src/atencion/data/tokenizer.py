@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, read_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -54,7 +55,7 @@ class Tokenizer:
     def train(cls, pairs: list[tuple[str, str]], vocab_size: int = 8000, model_type: str = "bpe",
               joint: bool = True, character_coverage: float = 1.0) -> "Tokenizer":
         if model_type not in ("bpe", "unigram"):
-            raise ValueError(f"data.model_type must be 'bpe' or 'unigram', got {model_type!r}")
+            raise AtencionError(f"data.model_type must be 'bpe' or 'unigram', got {model_type!r}")
         if joint:
             sentences = [s for pair in pairs for s in pair]
             return cls(_train_one(sentences, vocab_size, model_type, character_coverage))
@@ -97,10 +98,10 @@ class Tokenizer:
         for name in names:
             path = directory / name
             if not path.is_file():
-                raise FileNotFoundError(f"{path}: SentencePiece model not found")
+                raise MissingFileError(f"{path}: SentencePiece model not found")
             try:
                 models.append(spm.SentencePieceProcessor(model_proto=path.read_bytes()))
             except Exception as err:  # sentencepiece raises RuntimeError/OSError on bad protos
-                raise ValueError(f"{path}: not a readable SentencePiece model ({err})") from None
+                raise AtencionError(f"{path}: not a readable SentencePiece model ({err})") from None
         return cls(*models)
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..errors import AtencionError
+
 
 @dataclass
 class Hypothesis:
@@ -53,18 +55,18 @@ def length_penalty(length: int, alpha: float) -> float:
 
 def _check_eval(model) -> None:
     if model.training:
-        raise ValueError("the model is in training mode, so dropout would run during search; "
+        raise AtencionError("the model is in training mode, so dropout would run during search; "
                          "call model.eval() first")
 
 
 def _max_lengths(model, src_ids: Tensor, a: float, b: float) -> list[int]:
     """Per sentence, int(a * real source length + b): the most tokens it may generate."""
     if not (a >= 0 and b >= 0):
-        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {a!r} and {b!r}")
+        raise AtencionError(f"max_len_a and max_len_b must be >= 0, got {a!r} and {b!r}")
     real = (src_ids != model.cfg.pad_id).sum(dim=1).tolist()
     lengths = [int(a * n + b) for n in real]
     if min(lengths) < 1:
-        raise ValueError(f"max_len_a * source length + max_len_b must allow at least one token, "
+        raise AtencionError(f"max_len_a * source length + max_len_b must allow at least one token, "
                          f"got max lengths {lengths}")
     return lengths
 
@@ -183,12 +185,12 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
     """
     _check_eval(model)
     if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
+        raise AtencionError(f"beam_size must be an integer >= 1, got {beam_size!r}")
     if not isinstance(nbest, int) or not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest must be an integer in [1, beam_size], got nbest={nbest!r} "
+        raise AtencionError(f"nbest must be an integer in [1, beam_size], got nbest={nbest!r} "
                          f"with beam_size={beam_size}")
     if not (isinstance(alpha, (int, float)) and 0 <= alpha < math.inf):
-        raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
+        raise AtencionError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
     memory, src_mask = model.encode(src_ids)
     max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
     k, vocab, eos = beam_size, model.cfg.target_vocab_size, model.cfg.eos_id

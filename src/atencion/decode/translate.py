@@ -8,6 +8,7 @@ import torch
 
 from ..data.batching import token_batches
 from ..data.tokenizer import Tokenizer
+from ..errors import AtencionError
 from ..nn.transformer import Transformer
 from .search import beam_search, greedy_search
 
@@ -27,7 +28,7 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
     An empty (or all-blank) line gets one empty translation, so output lines match input lines.
     """
     if beam < 1 or nbest < 1 or nbest > beam:
-        raise ValueError(f"need 1 ≤ nbest ≤ beam, got beam={beam}, nbest={nbest}")
+        raise AtencionError(f"need 1 ≤ nbest ≤ beam, got beam={beam}, nbest={nbest}")
     model.eval()
     device = next(model.parameters()).device
     cfg = model.cfg

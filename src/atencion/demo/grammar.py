@@ -33,6 +33,8 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..errors import AtencionError
+
 TENSES = ("present", "preterite", "imperfect", "future")
 
 
@@ -337,7 +339,7 @@ def split(n_train: int, n_test: int, seed: int = 0) -> tuple[list[Pair], list[Pa
     random.Random(f"split {seed}").shuffle(pairs)
     train, test = pairs[:n_train], pairs[n_train:]
     if {p.src for p in train} & {p.src for p in test}:
-        raise ValueError(f"the grammar has fewer than {n_train + n_test} distinct sentences")
+        raise AtencionError(f"the grammar has fewer than {n_train + n_test} distinct sentences")
     return train, test
 
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingFileError
 from . import grammar
 
 EXAMPLES = [
@@ -60,6 +61,6 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
 def _config_path() -> Path:
     """configs/toy_es_en.yaml of the source tree this package runs from."""
     if not DEFAULT_CONFIG.is_file():
-        raise FileNotFoundError(f"{DEFAULT_CONFIG}: the demo config is not there (an installed copy "
+        raise MissingFileError(f"{DEFAULT_CONFIG}: the demo config is not there (an installed copy "
                                 f"without the source tree?); pass --config configs/toy_es_en.yaml")
     return DEFAULT_CONFIG

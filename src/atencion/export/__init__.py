@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import AtencionError
+
 FORMATS = ("ctranslate2", "hf", "onnx")
 NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"]}
 
@@ -28,7 +30,7 @@ def _writer(fmt: str):
 
     missing = [name for name in NEEDS.get(fmt, []) if find_spec(name) is None]
     if missing:
-        raise ValueError(f"export to {fmt} needs the Python package(s) {', '.join(missing)}: "
+        raise AtencionError(f"export to {fmt} needs the Python package(s) {', '.join(missing)}: "
                          f"pip install {' '.join(missing)}")
     if fmt == "ctranslate2":
         from .ctranslate2 import export_ctranslate2
@@ -39,7 +41,7 @@ def _writer(fmt: str):
     if fmt == "onnx":
         from .onnx import export_onnx
         return export_onnx
-    raise ValueError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
+    raise AtencionError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
 
 
 def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]:
@@ -51,7 +53,7 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     writer = _writer(fmt)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out} exists and is not an empty directory; choose a new or empty "
+        raise AtencionError(f"--out {out} exists and is not an empty directory; choose a new or empty "
                          f"one (nothing was overwritten)")
     model.eval()
     atomic_directory(out, lambda tmp: writer(model, tmp, tokenizer))

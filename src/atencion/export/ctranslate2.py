@@ -39,6 +39,7 @@ import torch
 
 from ..data.tokenizer import UNK_ID
 from ..decode.search import length_penalty
+from ..errors import AtencionError, MissingFileError
 from ..nn.positional import sinusoidal_table
 
 SINUSOID_ROWS = 2048            # rows written for sinusoidal positions (at least max_positions)
@@ -61,10 +62,10 @@ def _vocabulary(model, tokenizer, side: str) -> list[str]:
     spm = tokenizer.src if side == "source" else tokenizer.tgt
     pieces = [spm.id_to_piece(i) for i in range(spm.get_piece_size())]
     if len(pieces) != size:
-        raise ValueError(f"the {side} SentencePiece model has {len(pieces)} pieces but the model's "
+        raise AtencionError(f"the {side} SentencePiece model has {len(pieces)} pieces but the model's "
                          f"{side} vocabulary has {size} entries")
     if len(set(pieces)) != len(pieces):
-        raise ValueError(f"the {side} SentencePiece model has repeated pieces; CTranslate2 maps "
+        raise AtencionError(f"the {side} SentencePiece model has repeated pieces; CTranslate2 maps "
                          f"tokens by name and needs them unique")
     return pieces
 
@@ -135,7 +136,7 @@ def build_spec(model, tokenizer=None):
 
     source, target = _vocabulary(model, tokenizer, "source"), _vocabulary(model, tokenizer, "target")
     if source[UNK_ID] != target[UNK_ID]:
-        raise ValueError(f"the unknown token differs between source ({source[UNK_ID]!r}) and target "
+        raise AtencionError(f"the unknown token differs between source ({source[UNK_ID]!r}) and target "
                          f"({target[UNK_ID]!r}); CTranslate2 has one unk_token")
     spec.register_source_vocabulary(source)
     spec.register_target_vocabulary(target)
@@ -178,7 +179,7 @@ class _Loaded:
             return json.loads((directory / name).read_text(encoding="utf-8"))
 
         if not (directory / INFO_FILE).is_file():
-            raise FileNotFoundError(f"{directory / INFO_FILE}: not found; export the model with "
+            raise MissingFileError(f"{directory / INFO_FILE}: not found; export the model with "
                                     f"`atencion export --format ctranslate2`")
         info = read(INFO_FILE)
         self.cfg = ModelConfig.from_dict(info["model"], source=str(directory / INFO_FILE))
@@ -245,12 +246,12 @@ def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], 
     import ctranslate2  # noqa: F401  (a clear ImportError before anything else)
 
     if not isinstance(beam, int) or beam < 1:
-        raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
+        raise AtencionError(f"beam must be an integer >= 1, got {beam!r}")
     if not (max_len_a >= 0 and max_len_b >= 0):
-        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a!r} and {max_len_b!r}")
+        raise AtencionError(f"max_len_a and max_len_b must be >= 0, got {max_len_a!r} and {max_len_b!r}")
     directory = Path(export_dir)
     if not (directory / "model.bin").is_file():
-        raise FileNotFoundError(f"{directory}: not a CTranslate2 model directory (no model.bin)")
+        raise MissingFileError(f"{directory}: not a CTranslate2 model directory (no model.bin)")
     loaded = _load(str(directory.resolve()), (directory / "model.bin").stat().st_mtime,
                    compute_type, device, threads)
     cfg = loaded.cfg
@@ -259,14 +260,14 @@ def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], 
     groups: dict[int, list[int]] = {}
     for i, ids in enumerate(src_id_lists):
         if not ids or ids[-1] != cfg.eos_id:
-            raise ValueError(f"source {i} must end with the EOS id {cfg.eos_id}, as atencion feeds "
+            raise AtencionError(f"source {i} must end with the EOS id {cfg.eos_id}, as atencion feeds "
                              f"it (encode_src(text) + [eos_id]); got {list(ids)[-3:]}")
         max_len = int(max_len_a * len(ids) + max_len_b)
         if max_len < 1:
-            raise ValueError(f"max_len_a * source length + max_len_b must allow at least one token; "
+            raise AtencionError(f"max_len_a * source length + max_len_b must allow at least one token; "
                              f"source {i} gets {max_len}")
         if max(len(ids), max_len) > loaded.positions:
-            raise ValueError(f"source {i}: {len(ids)} tokens and up to {max_len} output tokens, but the "
+            raise AtencionError(f"source {i}: {len(ids)} tokens and up to {max_len} output tokens, but the "
                              f"exported position table has {loaded.positions} rows")
         groups.setdefault(max_len, []).append(i)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import AtencionError
 from ..interop.marian import marian_to_paper_permutation, module_pairs
 
 MARIAN_LAYER_NORM_EPS = 1e-5
@@ -30,13 +31,13 @@ MARIAN_LAYER_NORM_EPS = 1e-5
 def check_marian_compatible(cfg) -> None:
     """Raise a ValueError naming the first setting Marian cannot express."""
     if cfg.norm_first:
-        raise ValueError("hf export: norm_first=true (pre-LN) cannot be expressed by MarianMTModel, "
+        raise AtencionError("hf export: norm_first=true (pre-LN) cannot be expressed by MarianMTModel, "
                          "which is post-LN; export to ctranslate2 or onnx instead")
     if cfg.positional != "sinusoidal":
-        raise ValueError(f"hf export: positional={cfg.positional!r} cannot be expressed by MarianMTModel, "
+        raise AtencionError(f"hf export: positional={cfg.positional!r} cannot be expressed by MarianMTModel, "
                          f"whose positions are fixed sinusoids; export to ctranslate2 or onnx instead")
     if cfg.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
-        raise ValueError(f"hf export: layer_norm_eps={cfg.layer_norm_eps} cannot be expressed by "
+        raise AtencionError(f"hf export: layer_norm_eps={cfg.layer_norm_eps} cannot be expressed by "
                          f"MarianMTModel, whose LayerNorms use eps={MARIAN_LAYER_NORM_EPS}")
 
 
@@ -120,7 +121,7 @@ def marian_state_dict(model, hf_keys) -> dict[str, Tensor]:
 
     unknown = sorted(set(hf_keys) - set(out) - {k for k in hf_keys if "embed_positions" in k})
     if unknown:
-        raise ValueError(f"hf export: MarianMTModel has tensors this exporter does not fill: {unknown[:5]}")
+        raise AtencionError(f"hf export: MarianMTModel has tensors this exporter does not fill: {unknown[:5]}")
     return {k: v.contiguous().clone() for k, v in out.items() if k in hf_keys}
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..errors import AtencionError
 from ..nn.transformer import Transformer
 
 
@@ -37,10 +38,10 @@ def config_from_marian(hf_config) -> ModelConfig:
     pairs = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
     for a, b in pairs:
         if getattr(c, a) != getattr(c, b):
-            raise ValueError(f"Marian config: {a}={getattr(c, a)} differs from {b}={getattr(c, b)}; "
+            raise AtencionError(f"Marian config: {a}={getattr(c, a)} differs from {b}={getattr(c, b)}; "
                              f"atencion uses one value for both")
     if c.activation_function not in ("relu", "gelu"):
-        raise ValueError(f"Marian config: activation_function={c.activation_function!r}; "
+        raise AtencionError(f"Marian config: activation_function={c.activation_function!r}; "
                          f"atencion supports 'relu' and 'gelu'")
     decoder_vocab = getattr(c, "decoder_vocab_size", None) or c.vocab_size
     share = bool(getattr(c, "share_encoder_decoder_embeddings", True))
@@ -132,6 +133,6 @@ def from_marian(hf_model) -> Transformer:
 
     missing = set(model.state_dict()) - set(out)
     if missing:
-        raise ValueError(f"Marian import left parameters unset: {sorted(missing)[:5]}")
+        raise AtencionError(f"Marian import left parameters unset: {sorted(missing)[:5]}")
     model.load_state_dict(out)
     return model

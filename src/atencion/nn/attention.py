@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import AtencionError
+
 
 def scaled_dot_product_attention(
     q: Tensor,
@@ -55,14 +57,14 @@ def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: i
     if mask is None:
         return
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"{name} must be a torch.bool tensor (True = may attend), got "
+        raise AtencionError(f"{name} must be a torch.bool tensor (True = may attend), got "
                          f"{getattr(mask, 'dtype', type(mask).__name__)}")
     expected = (batch, None, queries, keys)
     ok = mask.dim() == 4 and all(
         size == 1 or want is None or size == want for size, want in zip(mask.shape, expected)
     )
     if not ok:
-        raise ValueError(
+        raise AtencionError(
             f"{name} has shape {tuple(mask.shape)}; expected 4 dimensions broadcastable to "
             f"(batch={batch}, heads, queries={queries}, keys={keys}), each 1 or that size"
         )
@@ -181,7 +183,7 @@ class MultiHeadAttention(nn.Module):
                  bias: bool = True, cross: bool = False):
         super().__init__()
         if d_model % n_heads != 0:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            raise AtencionError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.h, self.d_k = d_model, n_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
         self.cross = cross
@@ -220,7 +222,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.k, cache.v
             else:
                 if memory is None:
-                    raise ValueError("cross-attention needs the encoder output `memory` or a filled cache")
+                    raise AtencionError("cross-attention needs the encoder output `memory` or a filled cache")
                 k, v = self._heads(F.linear(memory, w_kv, b_kv), 2).unbind(0)
                 if cache is not None:
                     cache.append(k, v)

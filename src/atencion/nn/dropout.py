@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import AtencionError
+
 LEVELS = 1 << 16  # 16-bit uniform integers
 
 
@@ -38,7 +40,7 @@ class Dropout(nn.Module):
     def __init__(self, p: float) -> None:
         super().__init__()
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p!r}")
+            raise AtencionError(f"dropout probability must be in [0, 1], got {p!r}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

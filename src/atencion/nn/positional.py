@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..errors import AtencionError
+
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
@@ -45,7 +47,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, length: int, offset: int = 0) -> Tensor:
         end = offset + length
         if end > self.weight.size(0):
-            raise ValueError(
+            raise AtencionError(
                 f"sequence reaches position {end} but learned positions stop at max_positions="
                 f"{self.weight.size(0)}; shorten the input or raise max_positions"
             )

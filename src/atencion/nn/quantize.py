@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from ..errors import AtencionError
 from .transformer import Generator, Transformer
 
 
@@ -52,7 +53,7 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: Transformer) -> Transformer:
     """A copy of ``model`` (on the CPU, in eval mode) whose linear layers and generator are int8."""
     if next(model.parameters()).device.type != "cpu":
-        raise ValueError("int8 quantization runs on the CPU; load the model with map_location='cpu'")
+        raise AtencionError("int8 quantization runs on the CPU; load the model with map_location='cpu'")
     if "fbgemm" not in torch.backends.quantized.supported_engines and \
             "x86" not in torch.backends.quantized.supported_engines:
         raise RuntimeError(f"this PyTorch build has no x86 int8 kernels "

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write
 from .attention import BeamKVCache, KVCache, Packing, check_mask
 from .dropout import Dropout
@@ -185,7 +186,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
-            raise ValueError(f"Transformer(cfg): expected a ModelConfig, got {type(cfg).__name__}")
+            raise AtencionError(f"Transformer(cfg): expected a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
         tgt_embed = src_embed if cfg.share_embeddings else \
@@ -217,7 +218,7 @@ class Transformer(nn.Module):
         memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention, pack=True)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
         if tgt_in_ids.size(0) != src_ids.size(0):
-            raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, got "
+            raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
                              f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
         length = tgt_in_ids.size(1)
         if tgt_mask is None:
@@ -227,7 +228,7 @@ class Transformer(nn.Module):
                                                     need_weights=return_attention)
         if select is not None:
             if select.shape != tgt_in_ids.shape or select.dtype != torch.bool:
-                raise ValueError(f"select must be a boolean mask shaped like tgt_in_ids "
+                raise AtencionError(f"select must be a boolean mask shaped like tgt_in_ids "
                                  f"{tuple(tgt_in_ids.shape)}, got {select.dtype} {tuple(select.shape)}")
             hidden = hidden[select]
         logits = self.generator(hidden) if project else hidden
@@ -277,15 +278,15 @@ class Transformer(nn.Module):
     @staticmethod
     def _check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
         if not isinstance(ids, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+            raise AtencionError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
         if ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+            raise AtencionError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.size(1) == 0 or ids.size(0) == 0:
-            raise ValueError(f"{name} must have shape (batch, length) with both > 0, got {tuple(ids.shape)}")
+            raise AtencionError(f"{name} must have shape (batch, length) with both > 0, got {tuple(ids.shape)}")
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
-            raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+            raise AtencionError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
 
     def num_parameters(self) -> int:
         """Trainable parameters, each tied tensor counted once (as Table 3 counts them)."""
@@ -318,25 +319,25 @@ class Transformer(nn.Module):
 
         directory = Path(directory)
         if not directory.is_dir():
-            raise FileNotFoundError(f"{directory}: model directory not found")
+            raise MissingFileError(f"{directory}: model directory not found")
         model = cls(ModelConfig.load(directory / CONFIG_FILE))
         path = directory / WEIGHTS_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: model weights not found")
+            raise MissingFileError(f"{path}: model weights not found")
         try:
             tensors = load_file(str(path), device=str(map_location))
         except Exception as err:  # safetensors raises its own error types for damaged files
-            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+            raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
         canonical = model._canonical_names()
         expected = {name for name, first in canonical.items() if name == first}
         missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
         if missing or unexpected:
-            raise ValueError(f"{path}: weights do not match {directory / CONFIG_FILE}; "
+            raise AtencionError(f"{path}: weights do not match {directory / CONFIG_FILE}; "
                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
         state = model.state_dict()
         for name, first in canonical.items():
             if tuple(tensors[first].shape) != tuple(state[name].shape):
-                raise ValueError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
+                raise AtencionError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
                                  f"the config expects {tuple(state[name].shape)}")
         model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
         return model

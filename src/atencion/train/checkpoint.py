@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..data.tokenizer import Tokenizer
+from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory
 from ..nn.transformer import Transformer
 
@@ -50,13 +51,13 @@ def load_training_state(path: Path, optimizer) -> dict[str, Any]:
     """Restore optimizer and RNG states from checkpoint ``path``; return its trainer state."""
     for name in (OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
         if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name}: missing, so this checkpoint cannot be resumed")
+            raise MissingFileError(f"{path / name}: missing, so this checkpoint cannot be resumed")
     try:
         tensors = load_file(str(path / OPTIMIZER_FILE))
         rng = load_file(str(path / RNG_FILE))
         trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except Exception as err:  # damaged files: say which checkpoint
-        raise ValueError(f"{path}: damaged checkpoint ({err})") from None
+        raise AtencionError(f"{path}: damaged checkpoint ({err})") from None
     current = optimizer.state_dict()
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
@@ -82,12 +83,12 @@ def list_checkpoints(directory: Path) -> list[Path]:
 def average_checkpoints(paths: list[Path], out: Path) -> None:
     """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints)."""
     if not paths:
-        raise ValueError("average: give at least one checkpoint directory")
+        raise AtencionError("average: give at least one checkpoint directory")
     models = [Transformer.load(p) for p in paths]
     first = models[0]
     for path, model in zip(paths[1:], models[1:]):
         if model.cfg != first.cfg:
-            raise ValueError(f"{path}: its config.json differs from {paths[0]}; only checkpoints of one "
+            raise AtencionError(f"{path}: its config.json differs from {paths[0]}; only checkpoints of one "
                              f"model can be averaged")
     states = [m.state_dict() for m in models]
     averaged = {name: torch.stack([state[name].double() for state in states]).mean(0).to(value.dtype)

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from ..config import ModelConfig
+from ..errors import AtencionError, MissingFileError
 
 
 @dataclass
@@ -105,22 +106,22 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: config file not found")
+            raise MissingFileError(f"{path}: config file not found")
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML ({err})") from None
+            raise AtencionError(f"{path}: not valid YAML ({err})") from None
         if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping with sections model/data/train/decode")
+            raise AtencionError(f"{path}: expected a mapping with sections model/data/train/decode")
         source = str(path)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
-            raise ValueError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
+            raise AtencionError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
         section, name = key.split(".", 1)
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
-            raise ValueError(f"{source}: section {section!r} must be a mapping")
+            raise AtencionError(f"{source}: section {section!r} must be a mapping")
         raw[section][name] = yaml.safe_load(value)
     return _build(raw, source)
 
@@ -128,24 +129,24 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
 def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     unknown = sorted(set(raw) - {"model", *SECTIONS})
     if unknown:
-        raise ValueError(f"{source}: unknown section(s) {unknown}; expected model, data, train, decode")
+        raise AtencionError(f"{source}: unknown section(s) {unknown}; expected model, data, train, decode")
     model = raw.get("model") or {}
     if not isinstance(model, dict):
-        raise ValueError(f"{source}: section 'model' must be a mapping")
+        raise AtencionError(f"{source}: section 'model' must be a mapping")
     bad = sorted(set(model) - MODEL_KEYS)
     if bad:
-        raise ValueError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
+        raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
                          + f"; known model keys: {sorted(MODEL_KEYS)}")
     model = {"preset": "tiny", **model} if "preset" not in model else model
     sections = {}
     for name, cls in SECTIONS.items():
         values = raw.get(name) or {}
         if not isinstance(values, dict):
-            raise ValueError(f"{source}: section {name!r} must be a mapping")
+            raise AtencionError(f"{source}: section {name!r} must be a mapping")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in values.items():
             if key not in fields:
-                raise ValueError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
+                raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
             values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key], cls)
         sections[name] = cls(**values)
     cfg = TrainConfig(model=model, **sections)
@@ -159,20 +160,20 @@ def _coerce(key: str, value: Any, f: dataclasses.Field, cls) -> Any:
     expected = type(default) if default is not None else None
     if isinstance(default, tuple):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
-            raise ValueError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
+            raise AtencionError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
         return tuple(float(v) for v in value)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is not None and not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         if value is None and "None" in str(f.type):
             return value
-        raise ValueError(f"{key}: expected {expected.__name__}, got {value!r}")
+        raise AtencionError(f"{key}: expected {expected.__name__}, got {value!r}")
     if expected is None and value is not None and "float" in str(f.type):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ValueError(f"{key}: expected a number, got {value!r}")
+            raise AtencionError(f"{key}: expected a number, got {value!r}")
         return float(value)
     if expected is None and value is not None and "str" in str(f.type) and not isinstance(value, str):
-        raise ValueError(f"{key}: expected a path (string), got {value!r}")
+        raise AtencionError(f"{key}: expected a path (string), got {value!r}")
     return value
 
 
@@ -183,7 +184,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                ("train.early_stop_metric", t.early_stop_metric, ("bleu", "loss"))]
     for key, value, allowed in choices:
         if value not in allowed:
-            raise ValueError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
+            raise AtencionError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
     positive = [("data.max_len", d.max_len), ("data.vocab_size", d.vocab_size),
                 ("train.max_tokens", t.max_tokens), ("train.accum_steps", t.accum_steps),
                 ("train.max_epochs", t.max_epochs), ("train.warmup", t.warmup),
@@ -191,9 +192,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                 ("decode.beam", cfg.decode.beam), ("decode.batch_tokens", cfg.decode.batch_tokens)]
     for key, value in positive:
         if value <= 0:
-            raise ValueError(f"{source}: {key} must be positive, got {value}")
+            raise AtencionError(f"{source}: {key} must be positive, got {value}")
     if not 0.0 <= t.label_smoothing < 1.0:
-        raise ValueError(f"{source}: train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+        raise AtencionError(f"{source}: train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
 
 
 def dump_config(cfg: TrainConfig) -> str:

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import AtencionError
+
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, epsilon: float) -> tuple[Tensor, Tensor]:
     """Summed over real target tokens: (label-smoothed loss, plain negative log-likelihood).
@@ -51,7 +53,7 @@ def generator_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: 
     target = target.reshape(-1)
     target = target[target != pad_id]
     if target.numel() != hidden.size(0):
-        raise ValueError(f"hidden has {hidden.size(0)} rows for {target.numel()} real target tokens")
+        raise AtencionError(f"hidden has {hidden.size(0)} rows for {target.numel()} real target tokens")
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     return _GeneratorLoss.apply(hidden, weight, bias, target, float(epsilon), int(chunk), wants_grad)
 

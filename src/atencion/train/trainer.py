@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ..data.batching import Example, collate, token_batches
 from ..data.corpus import read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..errors import AtencionError, MissingFileError
 from ..nn.transformer import Transformer
 from .checkpoint import list_checkpoints, load_training_state, save_checkpoint
 from .config import TrainConfig, dump_config
@@ -65,7 +66,7 @@ def _device(name: str) -> torch.device:
         return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device is {name!r} but this machine has no CUDA device")
+        raise AtencionError(f"train.device is {name!r} but this machine has no CUDA device")
     return device
 
 
@@ -73,13 +74,13 @@ def _read(cfg: TrainConfig, split: str) -> list[tuple[str, str]] | None:
     d = cfg.data
     src, tgt, tsv = getattr(d, f"{split}_src"), getattr(d, f"{split}_tgt"), getattr(d, f"{split}_tsv")
     if tsv and (src or tgt):
-        raise ValueError(f"data: give either {split}_tsv or {split}_src + {split}_tgt, not both")
+        raise AtencionError(f"data: give either {split}_tsv or {split}_src + {split}_tgt, not both")
     if not tsv and not src and not tgt:
         if split == "train":
-            raise ValueError("data: no training data; set data.train_src and data.train_tgt, or data.train_tsv")
+            raise AtencionError("data: no training data; set data.train_src and data.train_tgt, or data.train_tsv")
         return None
     if not tsv and not (src and tgt):
-        raise ValueError(f"data: {split}_src and {split}_tgt go together; one of them is missing")
+        raise AtencionError(f"data: {split}_src and {split}_tgt go together; one of them is missing")
     pairs, report = read_parallel(tsv or src, None if tsv else tgt, d.empty_lines)
     log.info(report.summary(f"{split} corpus"))
     return pairs
@@ -98,7 +99,7 @@ def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[E
         log.warning("%s: dropped %d of %d pairs longer than data.max_len=%d subwords",
                     name, dropped, len(pairs), max_len)
     if not examples:
-        raise ValueError(f"{name}: every pair is longer than data.max_len={max_len}")
+        raise AtencionError(f"{name}: every pair is longer than data.max_len={max_len}")
     return examples
 
 
@@ -115,9 +116,9 @@ class Trainer:
         self.ckpt_dir = self.out / "checkpoints"
         checkpoints = list_checkpoints(self.ckpt_dir)
         if resume and not checkpoints:
-            raise FileNotFoundError(f"{self.ckpt_dir}: no checkpoint to resume from")
+            raise MissingFileError(f"{self.ckpt_dir}: no checkpoint to resume from")
         if not resume and (checkpoints or (self.out / "tokenizer.json").exists()):
-            raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
+            raise AtencionError(f"{self.out} already holds a training run; pass --resume to continue it "
                              f"or choose another --out (nothing was overwritten)")
         torch.manual_seed(t.seed)
 
@@ -140,7 +141,7 @@ class Trainer:
         tok = self.tokenizer
         model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size)
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
-            raise ValueError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
+            raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = Transformer(model_cfg).to(self.device)
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.dist.world > 1
                     else self.model)

@@ -41,6 +41,8 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..errors import AtencionError
+
 log = logging.getLogger(__name__)
 
 CAUTION = ("attention weights help to inspect a model; they are not a causal explanation "
@@ -104,10 +106,10 @@ def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: s
     need not be the segmentation that encoding the decoded text would give).
     """
     if shift not in SHIFTS:
-        raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
+        raise AtencionError(f"shift must be one of {SHIFTS}, got {shift!r}")
     src = src.strip()
     if not src:
-        raise ValueError("the source sentence is empty")
+        raise AtencionError("the source sentence is empty")
     cfg = model.cfg
     src_ids = tokenizer.encode_src(src)
     tgt_ids = tokenizer.encode_tgt(tgt.strip()) if isinstance(tgt, str) else list(tgt)
@@ -155,7 +157,7 @@ def aggregate_words(weights: np.ndarray, row_spans: list[list[int]], col_spans: 
     """(…, queries, keys) → (…, query words, key words): each word's columns reduced by ``cols``,
     then each word's rows by ``rows`` ("sum" or "mean"). The default keeps rows summing to 1."""
     if rows not in REDUCTIONS or cols not in REDUCTIONS:
-        raise ValueError(f"rows and cols must each be 'sum' or 'mean', got {rows!r} and {cols!r}")
+        raise AtencionError(f"rows and cols must each be 'sum' or 'mean', got {rows!r} and {cols!r}")
     weights = np.asarray(weights)
     by_col = np.stack([REDUCTIONS[cols](weights[..., span], axis=-1) for span in col_spans], axis=-1)
     return np.stack([REDUCTIONS[rows](by_col[..., span, :], axis=-2) for span in row_spans], axis=-2)
@@ -192,7 +194,7 @@ def parse_pharaoh(line: str) -> tuple[set[Link], set[Link]]:
         sep = "-" if "-" in item else "?"
         left, _, right = item.partition(sep)
         if not (left.isdigit() and right.isdigit()):
-            raise ValueError(f"{item!r} is not an alignment link 'i-j' (or 'i?j')")
+            raise AtencionError(f"{item!r} is not an alignment link 'i-j' (or 'i?j')")
         (sure if sep == "-" else possible).add((int(left), int(right)))
     return sure, possible | sure
 
@@ -215,7 +217,7 @@ def corpus_alignment_error_rate(predicted: list[Iterable[Link]], sure: list[Iter
                                 possible: list[Iterable[Link]] | None = None) -> float:
     """AER of a corpus: the counts of every sentence summed before the division."""
     if len(predicted) != len(sure) or (possible is not None and len(possible) != len(sure)):
-        raise ValueError(f"{len(predicted)} predicted alignments for {len(sure)} gold ones")
+        raise AtencionError(f"{len(predicted)} predicted alignments for {len(sure)} gold ones")
     hits = size = 0
     for k, (a, s) in enumerate(zip(predicted, sure)):
         a, s = set(a), set(s)
@@ -230,7 +232,7 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
     """AER of cross-attention alignments against gold Pharaoh lines, teacher-forcing each gold
     target (no decoding): per layer (heads averaged), every layer averaged, and per head."""
     if not len(sources) == len(targets) == len(gold):
-        raise ValueError(f"{len(sources)} sources, {len(targets)} targets and {len(gold)} alignments: "
+        raise AtencionError(f"{len(sources)} sources, {len(targets)} targets and {len(gold)} alignments: "
                          f"the files must be aligned line by line")
     n = len(sources) if max_sentences <= 0 else min(max_sentences, len(sources))
     n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
@@ -239,13 +241,13 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
     mean_links, sure, possible = [], [], []
     for k in range(n):
         if not sources[k].strip():
-            raise ValueError(f"line {k + 1}: the source sentence is empty")
+            raise AtencionError(f"line {k + 1}: the source sentence is empty")
         attention = capture_attention(model, tokenizer, sources[k], targets[k], shift)
         cross = attention.cross.to_words()
         shape = (len(_real(cross.cols)), len(_real(cross.rows)))
         expected = (len(sources[k].split()), len(targets[k].split()))
         if shape != expected:
-            raise ValueError(f"line {k + 1}: the pieces make {shape[0]} source and {shape[1]} target "
+            raise AtencionError(f"line {k + 1}: the pieces make {shape[0]} source and {shape[1]} target "
                              f"words, the text has {expected[0]} and {expected[1]}")
         s, p = parse_pharaoh(gold[k])
         sure.append(s)

@@ -18,6 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from ..errors import AtencionError
 from ..fileio import atomic_write
 from ..nn.positional import sinusoidal_table
 from . import table1
@@ -354,7 +355,7 @@ def write_figures(out: str | Path, settings: FigureSettings | None = None) -> di
     s = settings or FigureSettings.full()
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory")
+        raise AtencionError(f"--out {out} is a file; give a directory")
     out.mkdir(parents=True, exist_ok=True)
     log.info("figures: settings %s", asdict(s))
     files = positional_figures(out, s) + path_length_figure(out, s)

@@ -28,6 +28,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..errors import AtencionError
 from ..fileio import atomic_write
 from .attention import Attention, capture_attention, format_pharaoh, word_alignment
 from .html import attention_html
@@ -63,10 +64,10 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+        raise AtencionError(f"--out {out} exists and is not a directory")
     if tgt is None:
         if not src.strip():
-            raise ValueError("the source sentence is empty")
+            raise AtencionError("the source sentence is empty")
         best = translate_lines(model, tokenizer, [src], beam=beam)[0][0]
         log.info("decoded (beam %d): %s", beam, best.text)
         attention = capture_attention(model, tokenizer, src, best.tokens, shift)

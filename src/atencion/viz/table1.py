@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import AtencionError
 from ..nn.attention import MultiHeadAttention
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class RestrictedSelfAttention(MultiHeadAttention):
     def __init__(self, d_model: int, n_heads: int, r: int):
         super().__init__(d_model, n_heads)
         if r < 2 or r % 2:
-            raise ValueError(f"the neighbourhood r must be an even number ≥ 2, got {r}")
+            raise AtencionError(f"the neighbourhood r must be an even number ≥ 2, got {r}")
         self.r = r
 
     def forward(self, x: Tensor) -> Tensor:
@@ -159,7 +160,7 @@ def make_layer(kind: str, d_model: int, n_heads: int = 8, k: int = 3, r: int = 3
         return ConvolutionalLayer(d_model, k)
     if kind == "restricted self-attention":
         return RestrictedSelfAttention(d_model, n_heads, r)
-    raise ValueError(f"unknown layer {kind!r}; choose from {', '.join(PAPER)}")
+    raise AtencionError(f"unknown layer {kind!r}; choose from {', '.join(PAPER)}")
 
 
 # --------------------------------------------------------------------------- measuring
@@ -169,7 +170,7 @@ def _status_kib(field: str) -> int:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise ValueError(f"/proc/self/status has no {field}")
+    raise AtencionError(f"/proc/self/status has no {field}")
 
 
 def _set_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> None:
@@ -209,7 +210,7 @@ def measure_peak_memory(fn: Callable[[], object]) -> int:
                 f.write("5")  # reset VmHWM to the current RSS
             before = _status_kib("VmRSS")
         except OSError as err:
-            raise ValueError(f"cannot measure peak memory here (needs Linux /proc/self/clear_refs): {err}") from err
+            raise AtencionError(f"cannot measure peak memory here (needs Linux /proc/self/clear_refs): {err}") from err
         fn()
         return (_status_kib("VmHWM") - before) * 1024
     finally:
@@ -267,7 +268,7 @@ def measure_table1(ns: list[int], d_model: int = 512, repeats: int = 3, layers: 
     if not can_measure_memory():
         log.warning("peak memory needs Linux /proc/self/clear_refs; measuring time only")
     if repeats < 1 or not ns:
-        raise ValueError(f"need at least one repetition and one n (got repeats={repeats}, ns={ns})")
+        raise AtencionError(f"need at least one repetition and one n (got repeats={repeats}, ns={ns})")
     jobs = [(kind, n) for kind in layers for n in ns]
     points = []
     for kind, n in tqdm(jobs, desc="Table 1", unit="point", leave=False, disable=None if progress else True):
@@ -280,7 +281,7 @@ def measure_table1(ns: list[int], d_model: int = 512, repeats: int = 3, layers: 
 def fit_exponent(ns: list[float], ys: list[float]) -> float:
     """Slope of the least-squares line through (log n, log y): y ≈ c·n^slope."""
     if len(ns) < 2 or len(ns) != len(ys) or min(ns) <= 0 or min(ys) <= 0:
-        raise ValueError(f"fitting an exponent needs two or more positive (n, y) pairs, got {list(zip(ns, ys))}")
+        raise AtencionError(f"fitting an exponent needs two or more positive (n, y) pairs, got {list(zip(ns, ys))}")
     xs = [math.log(n) for n in ns]
     ls = [math.log(y) for y in ys]
     mx, my = statistics.fmean(xs), statistics.fmean(ls)
