@@ -62,9 +62,10 @@ def test_evaluate_refuses_misaligned_files(model_dir, tmp_path, capsys):
 
 
 def test_missing_model_directory_is_one_clear_error(tmp_path, capsys):
-    assert main(["translate", "--model", str(tmp_path / "none"), "--input", "x"]) == 2
+    (tmp_path / "in.txt").write_text("uno\n")
+    assert main(["translate", "--model", str(tmp_path / "none"), "--input", str(tmp_path / "in.txt")]) == 2
     err = capsys.readouterr().err
-    assert "model directory not found" in err and "Traceback" not in err
+    assert "--model" in err and "directory not found" in err and "Traceback" not in err
 
 
 def test_average_refuses_to_overwrite_a_non_empty_directory(model_dir, tmp_path, capsys):

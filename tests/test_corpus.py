@@ -66,7 +66,7 @@ def test_missing_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("train.max_stpes=3", "unknown key train.max_stpes"),
-    ("train.max_steps=many", "train.max_steps: expected int"),
+    ("train.max_steps=many", "train.max_steps: expected an integer"),
     ("model.d_mdoel=3", r"unknown key\(s\) model.d_mdoel"),
     ("data.model_type=words", "data.model_type must be one of"),
     ("nosection=1", "expected SECTION.KEY=VALUE"),

@@ -240,5 +240,5 @@ def test_export_command_refuses_a_directory_that_is_not_empty(trained, tmp_path,
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     assert main(["export", "--model", str(model_dir), "--format", "onnx", "--out", str(out)]) == 2
-    assert "not an empty directory" in capsys.readouterr().err
+    assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["mine.txt"] and (out / "mine.txt").read_text() == "keep me"

@@ -146,7 +146,7 @@ def test_save_and_load_round_trip(tmp_path):
 # bad input ------------------------------------------------------------------------------------
 
 def test_d_model_not_divisible_by_heads_is_refused():
-    with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
+    with pytest.raises(ValueError, match=r"n_heads \(4\) must divide d_model \(30\)"):
         small_config(d_model=30)
 
 

@@ -3,13 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import re
+import shlex
 import sys
 from pathlib import Path
 
 from .allocator import keep_freed_memory
-from .errors import AtencionError
+from .errors import AtencionError, Interrupted
+from .fileio import need_dir, need_file, need_output_dir, need_output_file
+
+# arguments: numbers checked by argparse, so a bad one is named by its option ----------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | None = None):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        too_low = value is not None and (value < lowest or (value == lowest and not inclusive))
+        if value is None or too_low or value != value or (highest is not None and value > highest):
+            bound = f"{'>=' if inclusive else '>'} {lowest}" + (f" and <= {highest}" if highest is not None else "")
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} "
+                                             f"{bound}, got {text!r}")
+        return value
+    return parse
+
+
+POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float, 0.0, highest=1e6)
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -44,8 +74,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .train.config import load_config
     from .train.trainer import train
 
+    need_file(args.config, "CONFIG")
+    if args.resume:
+        need_dir(args.out, "--out")
     cfg = load_config(args.config, args.set or [])
-    summary = train(cfg, args.out, resume=args.resume)
+    command = shlex.join(["atencion", "train", args.config, *(f"--set={s}" for s in args.set or []),
+                          "--out", args.out])
+    summary = train(cfg, args.out, resume=args.resume, command=command)
     print(json.dumps(summary))
 
 
@@ -54,27 +89,28 @@ def cmd_translate(args: argparse.Namespace) -> None:
     import torch
 
     from .data.corpus import read_lines
-    from .data.tokenizer import Tokenizer
+    from .decode.model_dir import load_model_dir
     from .decode.translate import translate_lines
     from .fileio import atomic_write
-    from .nn.transformer import Transformer
 
+    if args.input:
+        need_file(args.input, "--input")
+    if args.output:
+        need_output_file(args.output, "--output")
+        if args.input and Path(args.output).resolve() == Path(args.input).resolve():
+            raise AtencionError(f"--output {args.output} is the input file; choose another name")
+    if args.nbest > args.beam:
+        raise AtencionError(f"--nbest {args.nbest}: at most --beam ({args.beam}) translations per line")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = Transformer.load(args.model, map_location=args.device).eval()
-    if args.int8:
-        from .nn.quantize import quantize_int8
-
-        model = quantize_int8(model)
-    tokenizer = Tokenizer.load(args.model)
+    model, tokenizer = load_model_dir(args.model, args.device, args.int8)
     if args.input:
-        if args.output and Path(args.output).resolve() == Path(args.input).resolve():
-            raise AtencionError(f"--output {args.output} is the input file; choose another name")
-        lines = read_lines(args.input, allow_empty=True)
+        lines = read_lines(args.input, allow_empty=True, errors="replace")
     else:
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        lines = read_lines(getattr(sys.stdin, "buffer", sys.stdin), allow_empty=True, errors="replace", name="stdin")
     results = translate_lines(model, tokenizer, lines, args.beam, args.alpha, args.max_len_a,
-                              args.max_len_b, args.batch_tokens, args.nbest)
+                              args.max_len_b, args.batch_tokens, args.nbest, args.max_input_tokens,
+                              args.input or "stdin")
     if args.nbest > 1:
         text = "".join(f"{i} ||| {t.text} ||| {t.score:.4f}\n" for i, hyps in enumerate(results) for t in hyps)
     else:
@@ -91,9 +127,15 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     --recase-from raw_bleu and raw_chrf (sacreBLEU on the recased, detokenized output)."""
     from .evaluate import evaluate
 
+    for option in ("src", "ref", "raw_ref", "recase_from"):
+        if getattr(args, option):
+            need_file(getattr(args, option), "--" + option.replace("_", "-"))
+    if args.output:
+        need_output_file(args.output, "--output")
+    need_dir(args.model, "--model")
     result = evaluate(args.model, args.src, args.ref, args.beam, args.alpha, args.max_len_a,
                       args.max_len_b, args.batch_tokens, args.output, args.device,
-                      args.raw_ref, args.recase_from, args.lang, args.int8)
+                      args.raw_ref, args.recase_from, args.lang, args.int8, args.max_input_tokens)
     print(json.dumps(result))
 
 
@@ -101,10 +143,15 @@ def cmd_average(args: argparse.Namespace) -> None:
     """Average the weights of checkpoints (model directories) into a new model directory."""
     from .train.checkpoint import average_checkpoints
 
+    checkpoints = [need_dir(p, "CKPT") for p in args.checkpoints]
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"--out {out}: is a file; expected a directory")
     if out.exists() and any(out.iterdir()) and not args.force:
         raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
-    average_checkpoints([Path(p) for p in args.checkpoints], out)
+    if any(out.resolve() == p.resolve() for p in checkpoints):
+        raise AtencionError(f"--out {out} is one of the checkpoints being averaged; choose another directory")
+    average_checkpoints(checkpoints, out)
     print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
 
 
@@ -115,10 +162,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     from .demo.run import run_demo
 
-    out = Path(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"))
-    if out.exists() and any(out.iterdir()):
-        raise AtencionError(f"--out {out} exists and is not empty; choose another directory "
-                         f"(nothing was overwritten)")
+    out = need_output_dir(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), "--out")
+    if args.config:
+        need_file(args.config, "--config")
     summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
                        n_test=args.test_size, seed=args.seed)
     for example in summary.pop("examples"):
@@ -132,6 +178,7 @@ def cmd_download(args: argparse.Namespace) -> None:
     """Download a public dataset (Multi30k task 1: raw/ and tok/ files, train/val/test2016)."""
     from .data.download import MULTI30K_URL, download_multi30k
 
+    need_output_dir(args.out, "--out", empty=False)
     written = download_multi30k(args.out, args.base_url or MULTI30K_URL)
     print(json.dumps({"dataset": args.dataset, "out": args.out, "files_written": len(written)}))
 
@@ -140,15 +187,15 @@ def cmd_attention(args: argparse.Namespace) -> None:
     """Write every attention map of one sentence pair into --out: encoder.png, decoder.png,
     cross.png (layers × heads), cross_mean.png, bertviz.json and attention.html. Without --tgt
     the model translates --src first (beam search) and its output is the target."""
-    from .data.tokenizer import Tokenizer
-    from .nn.transformer import Transformer
+    from .decode.model_dir import load_model_dir
     from .viz.attention import CAUTION
     from .viz.report import write_attention_report
 
+    need_output_dir(args.out, "--out", empty=False)
+    model, tokenizer = load_model_dir(args.model, args.device)
+    summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt,
+                                     args.words, args.shift, args.beam, args.max_tokens)
     print(f"note: {CAUTION}", file=sys.stderr)
-    model = Transformer.load(args.model, map_location=args.device).eval()
-    summary = write_attention_report(model, Tokenizer.load(args.model), args.src, args.out, args.tgt,
-                                     args.words, args.shift, args.beam)
     print(json.dumps(summary, ensure_ascii=False))
 
 
@@ -157,14 +204,15 @@ def cmd_aer(args: argparse.Namespace) -> None:
     every target word to the source word it attends to most (per layer with heads averaged, and
     all layers averaged), score against --align; prints a markdown table, then one JSON line."""
     from .data.corpus import read_lines
-    from .data.tokenizer import Tokenizer
-    from .nn.transformer import Transformer
+    from .decode.model_dir import load_model_dir
     from .viz.attention import CAUTION, evaluate_alignment, format_aer_table
 
+    files = [need_file(getattr(args, option), "--" + option) for option in ("src", "tgt", "align")]
+    model, tokenizer = load_model_dir(args.model, args.device)
+    result = evaluate_alignment(model, tokenizer, read_lines(files[0]), read_lines(files[1]),
+                                read_lines(files[2], allow_empty=True), args.shift, args.max_sentences,
+                                names=[str(f) for f in files], max_tokens=args.max_tokens)
     print(f"note: {CAUTION}", file=sys.stderr)
-    model = Transformer.load(args.model, map_location=args.device).eval()
-    result = evaluate_alignment(model, Tokenizer.load(args.model), read_lines(args.src), read_lines(args.tgt),
-                                read_lines(args.align, allow_empty=True), args.shift, args.max_sentences)
     print(format_aer_table(result))
     print(json.dumps(result))
 
@@ -174,6 +222,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
     lengths, Table 1 measured (time and memory per layer), and why attention divides by √d_k."""
     from .viz.figures import FigureSettings, summary, write_figures
 
+    need_output_dir(args.out, "--out", empty=False)
     result = write_figures(args.out, FigureSettings.quick() if args.quick else FigureSettings.full())
     print(summary(result))
     print("wrote:")
@@ -186,17 +235,23 @@ def cmd_export(args: argparse.Namespace) -> None:
     Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
     from .export import export_model_dir
 
+    need_dir(args.model, "--model")
+    need_output_dir(args.out, "--out")
     files = export_model_dir(args.model, args.out, args.format)
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
 
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="output length ≤ a·source length + b (default a: 1)")
-    p.add_argument("--max-len-b", type=int, default=50, help="(default b: 50, the paper's input length + 50)")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
+                   help="beam size, 1 to 64; 1 is greedy (default: 4)")
+    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
+    p.add_argument("--max-len-a", type=NON_NEGATIVE, default=1.0, help="output length ≤ a·source length + b (default a: 1)")
+    p.add_argument("--max-len-b", type=COUNT, default=50, help="(default b: 50, the paper's input length + 50)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
+                   help="a line of more subword pieces is refused before decoding starts (default: 1024; "
+                        "attention's memory grows with the square of the length)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     p.add_argument("--int8", action="store_true",
                    help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
@@ -204,7 +259,7 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="atencion",
         description="The Transformer of 'Attention Is All You Need': train, decode, score, inspect.",
     )
@@ -213,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("presets", help="run a tiny model on an example batch; list preset sizes",
                        description=cmd_presets.__doc__)
-    p.add_argument("--vocab", type=int, default=37000, help="vocabulary for base/big (default: 37000, the paper's)")
-    p.add_argument("--tiny-vocab", type=int, default=10000, help="vocabulary for tiny (default: 10000)")
+    p.add_argument("--vocab", type=_number(int, 5, highest=1_000_000), default=37000, help="vocabulary for base/big (default: 37000, the paper's)")
+    p.add_argument("--tiny-vocab", type=_number(int, 5, highest=1_000_000), default=10000,
+                   help="vocabulary for tiny, at most 1,000,000 (default: 10000)")
     p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("demo", help="train the embedded Spanish→English model and translate examples",
@@ -222,9 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory, new or empty (default: runs/demo-DATE-TIME)")
     p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated corpus (default: 0)")
-    p.add_argument("--train-size", type=int, default=30000, help="generated training pairs (default: 30000)")
-    p.add_argument("--test-size", type=int, default=500, help="held-out test pairs (default: 500)")
+    p.add_argument("--seed", type=COUNT, default=0, help="seed of the generated corpus (default: 0)")
+    p.add_argument("--train-size", type=_number(int, 10, highest=1_000_000), default=30000,
+                   help="generated training pairs, 10 to 1,000,000 (default: 30000)")
+    p.add_argument("--test-size", type=_number(int, 1, highest=100_000), default=500,
+                   help="held-out test pairs, 1 to 100,000 (default: 500)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a translator", description=cmd_train.__doc__)
@@ -239,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     _decoding_options(p)
     p.add_argument("--input", help="input file (default: stdin)")
     p.add_argument("--output", help="output file (default: stdout); written atomically")
-    p.add_argument("--nbest", type=int, default=1,
+    p.add_argument("--nbest", type=POSITIVE, default=1,
                    help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("evaluate", help="translate a test set and score it", description=cmd_evaluate.__doc__)
@@ -274,7 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shift", choices=["predict", "input"], default="predict",
                    help="cross-attention row for target piece j: 'predict', row j, whose output predicts it "
                         "(default); 'input', row j+1, where it is the decoder's input")
-    p.add_argument("--beam", type=int, default=4, help="beam size when decoding (default: 4)")
+    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4, help="beam size when decoding (default: 4)")
+    p.add_argument("--max-tokens", type=_number(int, 1, highest=512), default=128,
+                   help="most subword pieces on either side, at most 512 (default: 128; the maps grow with "
+                        "the square of the length), checked before any work")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
     p.set_defaults(func=cmd_attention)
 
@@ -284,7 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", required=True, help="source sentences, one a line")
     p.add_argument("--tgt", required=True, help="target sentences (teacher-forced), aligned with --src")
     p.add_argument("--align", required=True, help="gold alignments, Pharaoh 'i-j' (source i, target j; 'i?j' possible)")
-    p.add_argument("--max-sentences", type=int, default=0, help="use the first N sentences (default: all)")
+    p.add_argument("--max-sentences", type=COUNT, default=0, help="use the first N sentences (default: all)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=1024,
+                   help="a sentence of more subword pieces on either side is refused before any work (default: 1024)")
     p.add_argument("--shift", choices=["predict", "input"], default="predict",
                    help="cross-attention row for target word j: 'predict' (row j, default) or 'input' (row j+1)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
@@ -316,12 +379,35 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
+    name = f"atencion {args.command}"
     try:
         args.func(args)
+    except Interrupted as err:
+        return _fail(name, err, 130)
+    except KeyboardInterrupt:
+        return _fail(name, "interrupted", 130)
     except AtencionError as err:
-        print(f"atencion {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(name, err, 2)
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): not an error of ours
+        sys.stderr.close()
+        return 141
+    except OSError as err:
+        if err.errno not in KNOWN_OS_ERRORS:
+            raise  # a bug to report, with its traceback
+        where = f"{err.filename}: " if err.filename else ""
+        return _fail(name, f"{where}{err.strerror}", 2)
     return 0
+
+
+# Faults of the machine rather than of the program: a full disk, no permission, a read-only place.
+KNOWN_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                   errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EIO, errno.ENOMEM}
+
+
+def _fail(name: str, message, status: int) -> int:
+    text = re.sub(r"\s*\n\s*", " ", str(message)).strip()
+    print(f"{name}: {'error: ' if status == 2 else ''}{text}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

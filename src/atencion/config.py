@@ -51,7 +51,7 @@ class ModelConfig:
                 _require_positive_int(key, getattr(self, key))
         if self.d_model % self.n_heads != 0:
             raise AtencionError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): "
                 f"each of the h heads gets d_k = d_model / h dimensions"
             )
         if self.positional == "sinusoidal" and self.d_model % 2 != 0:
@@ -60,6 +60,11 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise AtencionError(f"{key} must be a number in [0, 1), got {value!r}")
+        if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
+            raise AtencionError(f"layer_norm_eps must be a number in (0, 1), got {self.layer_norm_eps!r}")
+        for key in ("norm_first", "scale_embedding", "share_embeddings", "tie_output", "output_bias", "bias"):
+            if not isinstance(getattr(self, key), bool):
+                raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
         _require_choice("activation", self.activation, ("relu", "gelu"))
         _require_choice("positional", self.positional, ("sinusoidal", "learned"))
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
@@ -95,8 +100,8 @@ class ModelConfig:
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3) or ``tiny`` (Transformer-Tiny)."""
         if name not in PRESETS:
-            raise AtencionError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides}, source=f"preset {name!r}")
+            raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides}, source=None)
 
     # serialisation ---------------------------------------------------------------------------
 
@@ -104,16 +109,28 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "ModelConfig":
+    def from_dict(cls, values: dict[str, Any], source: str | None = "config") -> "ModelConfig":
+        """A config from a mapping; errors are prefixed with ``source`` (a file name) if given."""
+        prefix = f"{source}: " if source else ""
         if not isinstance(values, dict):
-            raise AtencionError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
+            raise AtencionError(f"{prefix}expected a mapping of config keys, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise AtencionError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+            raise AtencionError(f"{prefix}unknown key(s) {unknown}; known keys are {sorted(known)}")
         if "vocab_size" not in values:
-            raise AtencionError(f"{source}: missing the required key 'vocab_size'")
-        return cls(**values)
+            raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
+        values = dict(values)
+        for key in ("dropout", "attention_dropout", "layer_norm_eps"):  # YAML 1.1 reads 1e-5 as a string
+            if isinstance(values.get(key), str):
+                try:
+                    values[key] = float(values[key])
+                except ValueError:
+                    pass  # __post_init__ names the key
+        try:
+            return cls(**values)
+        except AtencionError as err:
+            raise AtencionError(f"{prefix}{err}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -11,3 +11,15 @@ class AtencionError(ValueError):
 
 class MissingFileError(AtencionError, FileNotFoundError):
     """A file or directory that should be there is not."""
+
+
+class Diverged(AtencionError):
+    """Training met a non-finite loss or gradient norm at ``step``; nothing was updated after it."""
+
+    def __init__(self, step: int, what: str, value: float, message: str | None = None):
+        super().__init__(message or f"training diverged: the {what} is {value} at step {step}")
+        self.step, self.what, self.value = step, what, value
+
+
+class Interrupted(AtencionError):
+    """Stopped by Ctrl-C (SIGINT); the message says where, and how to go on. Exit status 130."""

@@ -54,15 +54,16 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
              max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4096,
              output: str | Path | None = None, device: str = "cpu", raw_ref: str | Path | None = None,
              recase_from: str | Path | None = None, lang: str | None = None,
-             int8: bool = False) -> dict[str, Any]:
+             int8: bool = False, max_src_tokens: int = 0) -> dict[str, Any]:
     """Translate ``src`` with the model in ``model_dir`` and score it against ``ref``; with
     ``raw_ref`` also against the raw references (see ``raw_score``; ``lang`` defaults to the
     suffix of ``raw_ref``'s name, as in ``test.de.gz``). ``int8``: decode with the int8 copy of
-    the model (``nn/quantize.py``)."""
+    the model (``nn/quantize.py``). ``max_src_tokens``: see ``translate_lines``. Output files are
+    written atomically (a failed write leaves an older file as it was)."""
     from .data.postprocess import language_of
-    from .data.tokenizer import Tokenizer
+    from .decode.model_dir import load_model_dir
     from .decode.translate import translate_lines
-    from .nn.transformer import Transformer
+    from .fileio import atomic_write_text
 
     sources, references = read_lines(src), read_lines(ref)
     if len(sources) != len(references):
@@ -77,22 +78,18 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
         if lang is None:
             raise AtencionError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
         recase_lines = read_lines(recase_from) if recase_from is not None else None
-    model = Transformer.load(model_dir, map_location=device).eval()
-    if int8:
-        from .nn.quantize import quantize_int8
-
-        model = quantize_int8(model)
-    tokenizer = Tokenizer.load(model_dir)
-    translations = translate_lines(model, tokenizer, sources, beam, alpha, max_len_a, max_len_b, batch_tokens)
+    model, tokenizer = load_model_dir(model_dir, device, int8)
+    translations = translate_lines(model, tokenizer, sources, beam, alpha, max_len_a, max_len_b, batch_tokens,
+                                   max_src_tokens=max_src_tokens, source=str(src))
     hypotheses = [t[0].text for t in translations]
     if output is not None:
-        Path(output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        atomic_write_text(output, "".join(h + "\n" for h in hypotheses))
     result: dict[str, Any] = score(hypotheses, references)
     if raw_ref is not None:
         raw, lines = raw_score(hypotheses, raw_references, lang, recase_lines)
         result.update(raw)
         if output is not None:
-            Path(f"{output}.detok").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            atomic_write_text(f"{output}.detok", "".join(line + "\n" for line in lines))
         result.update(raw_ref=str(raw_ref), recase_from=None if recase_from is None else str(recase_from))
     result.update(sentences=len(sources), int8=int8, beam=beam, alpha=alpha, max_len_a=max_len_a,
                   max_len_b=max_len_b, model=str(model_dir), src=str(src), ref=str(ref))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,32 +40,48 @@ class CorpusReport:
         return "; ".join(parts)
 
 
-def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
-    """All lines of a UTF-8 text file (gzip if it ends in .gz), without their line endings."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"{path}: file not found")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as err:
-        raise CorpusError(f"{path}: cannot read the file ({err})") from None
+def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: str | None = None) -> list[str]:
+    """All lines of a UTF-8 text file (gzip if it ends in .gz), or of a binary stream such as
+    ``sys.stdin.buffer``, without their line endings. ``errors``: "strict" refuses a line that is
+    not UTF-8, naming it; "replace" puts U+FFFD in place of each bad byte and warns once, naming
+    the first such line (so that one line still comes out per line in). ``name`` names a stream."""
+    if hasattr(path, "read"):
+        name = name or "input"
+        raw = path.read()
+        if isinstance(raw, str):  # a text stream: undo Python's surrogateescape of undecodable bytes
+            raw = raw.encode("utf-8", errors="surrogateescape")
+    else:
+        path = Path(path)
+        name = name or str(path)
+        if path.is_dir():
+            raise CorpusError(f"{path}: is a directory; expected a text file")
+        if not path.is_file():
+            raise MissingFileError(f"{path}: file not found")
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rb") as f:
+                raw = f.read()
+        except (OSError, EOFError, zlib.error) as err:  # zlib.error: corrupt compressed data in a .gz file
+            raise CorpusError(f"{path}: cannot read the file ({err})") from None
     if not raw.strip() and not allow_empty:
-        raise CorpusError(f"{path}: the file is empty")
+        raise CorpusError(f"{name}: the file is empty")
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    out = []
+    out, bad = [], []
     for number, line in enumerate(lines, start=1):
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise CorpusError(
-                f"{path} line {number}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column "
-                f"{err.start + 1}); convert the file to UTF-8, e.g. with iconv"
-            ) from None
+            where = f"{name} line {number}: not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1})"
+            if errors != "replace":
+                raise CorpusError(f"{where}; convert the file to UTF-8, e.g. with iconv") from None
+            bad.append(where)
+            text = line.decode("utf-8", errors="replace")
         out.append(text.rstrip("\r"))
+    if bad:
+        log.warning("%s%s; each bad byte was replaced with U+FFFD", bad[0],
+                    f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else "")
     return out
 
 

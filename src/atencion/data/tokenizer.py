@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import AtencionError, MissingFileError
-from ..fileio import atomic_write_bytes, read_json
+from ..fileio import atomic_write_bytes, json_line, read_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT_FILE, SRC_FILE, TGT_FILE, INFO_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "tokenizer.json"
@@ -103,5 +103,11 @@ class Tokenizer:
                 models.append(spm.SentencePieceProcessor(model_proto=path.read_bytes()))
             except Exception as err:  # sentencepiece raises RuntimeError/OSError on bad protos
                 raise AtencionError(f"{path}: not a readable SentencePiece model ({err})") from None
+        for name, model, key in zip(names, models, ("src_vocab_size", "tgt_vocab_size")):
+            declared = info.get(key, info.get("src_vocab_size")) if len(models) == 1 else info.get(key)
+            if declared is not None and declared != model.get_piece_size():
+                raise AtencionError(f"{directory / name}: {model.get_piece_size()} pieces, but "
+                                    f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, key)} says "
+                                    f"{key} {declared}; the files come from different runs")
         return cls(*models)
 

@@ -131,7 +131,9 @@ def greedy_search(model, src_ids: Tensor, max_len_a: float = 1.0, max_len_b: int
     rows = list(range(len(max_lens)))  # the sentence decoded by each batch row
     last = torch.full((len(rows),), model.cfg.bos_id, dtype=torch.long, device=src_ids.device)
     while True:
-        best = _next_logits(model, last, state).argmax(dim=-1)  # the argmax of the log-softmax
+        top, best = _next_logits(model, last, state).max(dim=-1)  # the argmax of the log-softmax
+        if bool(top.isnan().any()):  # max() is NaN where a row holds a NaN
+            raise AtencionError("the model's scores are not finite (NaN): its weights are broken")
         keep = []
         for row, (sent, token) in enumerate(zip(rows, best.tolist())):
             if token != eos:

@@ -22,10 +22,14 @@ class Translation:
 
 def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-                    batch_tokens: int = 4096, nbest: int = 1) -> list[list[Translation]]:
+                    batch_tokens: int = 4096, nbest: int = 1, max_src_tokens: int = 0,
+                    source: str = "input") -> list[list[Translation]]:
     """The ``nbest`` best translations of every line, in the order of ``lines``.
 
     An empty (or all-blank) line gets one empty translation, so output lines match input lines.
+    ``max_src_tokens`` (0: none): a line of more subwords is refused, naming ``source`` and the
+    line, before anything is decoded. A model whose scores are not finite (diverged weights) is
+    an AtencionError, never a missing line.
     """
     if beam < 1 or nbest < 1 or nbest > beam:
         raise AtencionError(f"need 1 ≤ nbest ≤ beam, got beam={beam}, nbest={nbest}")
@@ -33,6 +37,11 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
     device = next(model.parameters()).device
     cfg = model.cfg
     encoded = [tokenizer.encode_src(line.strip()) if line.strip() else [] for line in lines]
+    if max_src_tokens:
+        for number, ids in enumerate(encoded, start=1):
+            if len(ids) > max_src_tokens:
+                raise AtencionError(f"{source} line {number}: {len(ids)} subword pieces, more than the "
+                                    f"limit of {max_src_tokens} (--max-input-tokens)")
     results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
     todo = [i for i, ids in enumerate(encoded) if ids]
     lengths = [(len(encoded[i]), len(encoded[i])) for i in todo]
@@ -49,5 +58,8 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
             outputs = [[(h.tokens, h.score) for h in hyps]
                        for hyps in beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest)]
         for i, hyps in zip(rows, outputs):
+            if len(hyps) < nbest:
+                raise AtencionError(f"{source} line {i + 1}: the model's scores are not finite (NaN), so "
+                                    f"it has no translation; its weights are broken")
             results[i] = [Translation(tokenizer.decode_tgt(tokens), score, tokens) for tokens, score in hyps]
     return results

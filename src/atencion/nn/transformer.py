@@ -309,6 +309,9 @@ class Transformer(nn.Module):
         state = self.state_dict()
         tensors = {name: state[name].detach().contiguous().cpu()
                    for name, canonical in self._canonical_names().items() if name == canonical}
+        bad = non_finite(tensors)
+        if bad:
+            raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
         atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
         atomic_write(directory / CONFIG_FILE, self.cfg.save)
 
@@ -339,6 +342,19 @@ class Transformer(nn.Module):
             if tuple(tensors[first].shape) != tuple(state[name].shape):
                 raise AtencionError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
                                  f"the config expects {tuple(state[name].shape)}")
+        bad = non_finite(tensors)
+        if bad:
+            raise AtencionError(f"{path}: {bad}; this model diverged in training and cannot be used "
+                                f"(take an earlier checkpoint)")
         model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
         return model
+
+
+def non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """None if every floating-point tensor is finite, else which tensor holds NaN or inf values."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            return f"tensor {name!r} holds {count} non-finite value(s) (NaN or inf)"
+    return None
 

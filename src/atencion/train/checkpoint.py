@@ -8,23 +8,65 @@ and trainer_state.json (step, position in the data, best score, ...).
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
 from ..errors import AtencionError, MissingFileError
-from ..fileio import atomic_directory
-from ..nn.transformer import Transformer
+from ..fileio import atomic_directory, atomic_write_text
+from ..nn.transformer import Transformer, non_finite
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
+# A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.
+RUN_FILE = "run.json"
+RUN_ENTRIES = {RUN_FILE, "config.yaml", "log.jsonl", "tensorboard", "checkpoints", "best", JOINT_FILE, SRC_FILE,
+               TGT_FILE, INFO_FILE}
+
+
+def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
+    """Make ``out`` ready for a new run and mark it with RUN_FILE. It must be new, empty, or a run
+    that stopped before its first checkpoint (its files are removed and their names returned:
+    such a run is started over). Anything else is refused before a file is written; so is a
+    directory holding a file a run does not write. ``check_only``: refuse or return, change nothing."""
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"--out {out}: is a file; expected a directory")
+    if list_checkpoints(out / "checkpoints"):
+        raise AtencionError(f"--out {out} already holds a training run; pass --resume to continue it "
+                            f"or choose another --out (nothing was overwritten)")
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    if entries and not (out / RUN_FILE).is_file():
+        raise AtencionError(f"--out {out}: exists, is not empty and is not a training run (no {RUN_FILE}); "
+                            f"choose a new or empty directory (nothing was overwritten)")
+    foreign = [e.name for e in entries if e.name not in RUN_ENTRIES and not e.name.startswith(".")]
+    if foreign:
+        raise AtencionError(f"--out {out}: holds a run that stopped before its first checkpoint and also "
+                            f"{foreign[0]!r}, which a run does not write; move it away or choose another "
+                            f"--out (nothing was overwritten)")
+    if check_only:
+        return []
+    removed = []
+    for entry in entries:
+        if entry.name != RUN_FILE and entry.name in RUN_ENTRIES:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            removed.append(entry.name)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / RUN_FILE, json.dumps({"atencion": "training run",
+                                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    return removed
 
 
 def save_checkpoint(path: Path, model: Transformer, tokenizer: Tokenizer, optimizer=None,
                     trainer_state: dict[str, Any] | None = None) -> None:
     """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically."""
+
+    bad = non_finite(model.state_dict())
+    if bad:  # before anything is written
+        raise AtencionError(f"{path}: not written: {bad} (the model diverged)")
 
     def fill(tmp: Path) -> None:
         model.save(tmp)
@@ -81,18 +123,35 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def average_checkpoints(paths: list[Path], out: Path) -> None:
-    """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints)."""
+    """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints).
+    One model is held at a time (a running sum in float64), so any number of checkpoints fits."""
     if not paths:
         raise AtencionError("average: give at least one checkpoint directory")
-    models = [Transformer.load(p) for p in paths]
-    first = models[0]
-    for path, model in zip(paths[1:], models[1:]):
+    first = Transformer.load(paths[0])
+    tokenizer = Tokenizer.load(paths[0])
+    sums = {name: value.double() for name, value in first.state_dict().items() if value.is_floating_point()}
+    for path in paths[1:]:
+        model = Transformer.load(path)
         if model.cfg != first.cfg:
-            raise AtencionError(f"{path}: its config.json differs from {paths[0]}; only checkpoints of one "
-                             f"model can be averaged")
-    states = [m.state_dict() for m in models]
-    averaged = {name: torch.stack([state[name].double() for state in states]).mean(0).to(value.dtype)
-                if value.is_floating_point() else value
-                for name, value in states[0].items()}
+            key = next(k for k, v in first.cfg.to_dict().items() if getattr(model.cfg, k) != v)
+            raise AtencionError(f"{path / 'config.json'}: {key} is {getattr(model.cfg, key)!r} but "
+                                f"{paths[0] / 'config.json'} has {getattr(first.cfg, key)!r}; only "
+                                f"checkpoints of one model can be averaged")
+        _same_tokenizer(path, paths[0])
+        for name, value in model.state_dict().items():
+            if name in sums:
+                sums[name] += value.double()
+        del model
+    averaged = {name: (sums[name] / len(paths)).to(value.dtype) if name in sums else value
+                for name, value in first.state_dict().items()}
     first.load_state_dict(averaged)
-    save_checkpoint(out, first, Tokenizer.load(paths[0]))
+    save_checkpoint(out, first, tokenizer)
+
+
+def _same_tokenizer(path: Path, reference: Path) -> None:
+    """Checkpoints averaged together must share their subword models byte for byte."""
+    for name in (JOINT_FILE, SRC_FILE, TGT_FILE):
+        mine, theirs = path / name, reference / name
+        if mine.is_file() != theirs.is_file() or (mine.is_file() and mine.read_bytes() != theirs.read_bytes()):
+            raise AtencionError(f"{mine}: differs from {theirs}; checkpoints of one run share their "
+                                f"tokenizer, so these cannot be averaged")

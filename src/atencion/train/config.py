@@ -6,6 +6,8 @@ configs/reference.yaml documents every key and its default.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +88,7 @@ class TrainConfig:
             values["tgt_vocab_size"] = tgt_vocab_size
             values.setdefault("share_embeddings", False)
         if preset is None:
-            return ModelConfig.from_dict(values, source="model")
+            return ModelConfig.from_dict(values, source=None)
         return ModelConfig.preset(preset, **values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,34 +149,69 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
         for key, value in values.items():
             if key not in fields:
                 raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
-            values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key], cls)
+            values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
         sections[name] = cls(**values)
     cfg = TrainConfig(model=model, **sections)
     _validate(cfg, source)
     return cfg
 
 
-def _coerce(key: str, value: Any, f: dataclasses.Field, cls) -> Any:
-    """Check ``value`` against the field's type (ints become floats where a float is expected)."""
+def _number(key: str, value: Any, integer: bool) -> int | float:
+    """``value`` as a finite number. YAML 1.1 reads ``3e-3`` (no dot) as a string, so strings that
+    spell a number are numbers too; an integer field takes only whole numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, "
+                                f"got {value!r}") from None
+    if not math.isfinite(value):
+        raise AtencionError(f"{key}: expected a finite number, got {value!r}")
+    if integer:
+        if value != int(value):
+            raise AtencionError(f"{key}: expected an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:
+    """Check ``value`` against the field's type: numbers (from numbers or numeric strings),
+    booleans, strings (paths and choices), the Adam betas pair; ``None`` where the field allows it."""
     default = f.default if f.default is not dataclasses.MISSING else None
-    expected = type(default) if default is not None else None
+    kind = str(f.type)
+    if value is None and "None" in kind:
+        return None
     if isinstance(default, tuple):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
             raise AtencionError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
-        return tuple(float(v) for v in value)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is not None and not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        if value is None and "None" in str(f.type):
-            return value
-        raise AtencionError(f"{key}: expected {expected.__name__}, got {value!r}")
-    if expected is None and value is not None and "float" in str(f.type):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise AtencionError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if expected is None and value is not None and "str" in str(f.type) and not isinstance(value, str):
-        raise AtencionError(f"{key}: expected a path (string), got {value!r}")
+        return tuple(_number(key, v, integer=False) for v in value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise AtencionError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int) or kind.startswith("int"):
+        return _number(key, value, integer=True)
+    if isinstance(default, float) or kind.startswith("float"):
+        return _number(key, value, integer=False)
+    if not isinstance(value, str):
+        raise AtencionError(f"{key}: expected {'a path' if 'None' in kind else 'a string'}, got {value!r}")
     return value
+
+
+# (key, lowest allowed, whether the lowest is allowed): every number the sections hold.
+RANGES = {
+    "data.max_len": (1, True), "data.vocab_size": (1, True), "data.character_coverage": (0.0, False),
+    "train.seed": (0, True), "train.max_tokens": (1, True), "train.accum_steps": (1, True),
+    "train.max_steps": (0, True), "train.max_epochs": (1, True), "train.time_limit_minutes": (0.0, True),
+    "train.lr_factor": (0.0, False), "train.lr_peak": (0.0, False), "train.warmup": (1, True),
+    "train.adam_eps": (0.0, False), "train.weight_decay": (0.0, True), "train.label_smoothing": (0.0, True),
+    "train.clip_norm": (0.0, True), "train.valid_every": (0, True), "train.valid_bleu_sentences": (0, True),
+    "train.patience": (0, True), "train.keep_last": (1, True), "train.log_every": (1, True),
+    "train.threads": (0, True), "decode.beam": (1, True), "decode.alpha": (0.0, True),
+    "decode.max_len_a": (0.0, True), "decode.max_len_b": (0, True), "decode.batch_tokens": (1, True),
+}
 
 
 def _validate(cfg: TrainConfig, source: str) -> None:
@@ -185,16 +222,27 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     for key, value, allowed in choices:
         if value not in allowed:
             raise AtencionError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
-    positive = [("data.max_len", d.max_len), ("data.vocab_size", d.vocab_size),
-                ("train.max_tokens", t.max_tokens), ("train.accum_steps", t.accum_steps),
-                ("train.max_epochs", t.max_epochs), ("train.warmup", t.warmup),
-                ("train.keep_last", t.keep_last), ("train.log_every", t.log_every),
-                ("decode.beam", cfg.decode.beam), ("decode.batch_tokens", cfg.decode.batch_tokens)]
-    for key, value in positive:
-        if value <= 0:
-            raise AtencionError(f"{source}: {key} must be positive, got {value}")
-    if not 0.0 <= t.label_smoothing < 1.0:
-        raise AtencionError(f"{source}: train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    for key, (lowest, inclusive) in RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is not None and (value < lowest or (value == lowest and not inclusive)):
+            bound = f">= {lowest}" if inclusive else f"> {lowest}"
+            raise AtencionError(f"{source}: {key} must be {bound}, got {value}")
+    upper = [("data.character_coverage", d.character_coverage, 1.0, True),
+             ("train.label_smoothing", t.label_smoothing, 1.0, False)]
+    upper += [(f"train.adam_betas[{i}]", beta, 1.0, False) for i, beta in enumerate(t.adam_betas)]
+    for key, value, highest, inclusive in upper:
+        if value > highest or (value == highest and not inclusive) or value < 0:
+            bound = f"in [0, {highest}]" if inclusive else f"in [0, {highest})"
+            raise AtencionError(f"{source}: {key} must be {bound}, got {value}")
+    if not (t.device == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", t.device)):
+        raise AtencionError(f"{source}: train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
+    if not d.joint and cfg.model.get("share_embeddings") is True:
+        raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
+    try:  # the model section, checked now with a stand-in vocabulary: before anything is written
+        cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size)
+    except AtencionError as err:
+        raise AtencionError(f"{source}: model.{err}") from None
 
 
 def dump_config(cfg: TrainConfig) -> str:

@@ -21,12 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..config import ModelConfig
 from ..data.batching import Example, collate, token_batches
 from ..data.corpus import read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from ..errors import AtencionError, MissingFileError
+from ..devices import resolve_device
+from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
+from ..fileio import atomic_write_text, clean_stale_temporaries
 from ..nn.transformer import Transformer
-from .checkpoint import list_checkpoints, load_training_state, save_checkpoint
+from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import TrainConfig, dump_config
 from .loss import generator_loss, label_smoothed_loss
 from .schedule import noam_lr
@@ -64,10 +67,7 @@ def _device(name: str) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise AtencionError(f"train.device is {name!r} but this machine has no CUDA device")
-    return device
+    return resolve_device(name, "train.device")
 
 
 def _read(cfg: TrainConfig, split: str) -> list[tuple[str, str]] | None:
@@ -106,8 +106,10 @@ def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[E
 class Trainer:
     """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False):
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, command: str | None = None):
         self.cfg, self.out = cfg, Path(out_dir)
+        # How the user started this run, for the "continue with" line of a stop (see _where).
+        self.command = command or f"atencion train CONFIG --out {self.out}"
         t = cfg.train
         self.device = _device(t.device)
         self.dist = _init_distributed(self.device)
@@ -116,21 +118,31 @@ class Trainer:
         self.ckpt_dir = self.out / "checkpoints"
         checkpoints = list_checkpoints(self.ckpt_dir)
         if resume and not checkpoints:
+            if (self.out / RUN_FILE).is_file():
+                raise MissingFileError(f"--out {self.out}: this run stopped before its first checkpoint, so "
+                                       f"there is nothing to resume; run the same command without --resume "
+                                       f"to start it over")
             raise MissingFileError(f"{self.ckpt_dir}: no checkpoint to resume from")
-        if not resume and (checkpoints or (self.out / "tokenizer.json").exists()):
-            raise AtencionError(f"{self.out} already holds a training run; pass --resume to continue it "
-                             f"or choose another --out (nothing was overwritten)")
+        if not resume:
+            prepare_run_dir(self.out, check_only=True)  # refuses a directory that is not a run
         torch.manual_seed(t.seed)
 
         train_pairs, valid_pairs = _read(cfg, "train"), _read(cfg, "valid")
+        if self.dist.main:
+            for directory in (self.out, self.ckpt_dir):
+                for line in clean_stale_temporaries(directory):
+                    log.warning("%s (left by an interrupted process)", line)
         if resume:
             self.tokenizer = Tokenizer.load(checkpoints[-1])
         else:
             if self.dist.main:
-                self.out.mkdir(parents=True, exist_ok=True)
+                restarted = prepare_run_dir(self.out)
+                if restarted:
+                    log.warning("%s held a run that stopped before its first checkpoint; starting it over "
+                                "(removed %s)", self.out, ", ".join(restarted))
                 Tokenizer.train(train_pairs, cfg.data.vocab_size, cfg.data.model_type, cfg.data.joint,
                                 cfg.data.character_coverage).save(self.out)
-                (self.out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+                atomic_write_text(self.out / "config.yaml", dump_config(cfg))
             self.dist.barrier()
             self.tokenizer = Tokenizer.load(self.out)
         self.train_examples = encode_pairs(train_pairs, self.tokenizer, cfg.data.max_len, "train corpus")
@@ -148,11 +160,13 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
                                           eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
-                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0, "valid_seconds": 0.0,
-                                      "target_tokens": 0}
+                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
+                                      "valid_seconds": 0.0, "update_seconds": 0.0, "target_tokens": 0}
         if resume:
-            self.model.load_state_dict(Transformer.load(checkpoints[-1], self.device).state_dict())
-            self.state = load_training_state(checkpoints[-1], self.optimizer)
+            saved = Transformer.load(checkpoints[-1], self.device)
+            _same_model(saved.cfg, model_cfg, checkpoints[-1])
+            self.model.load_state_dict(saved.state_dict())
+            self.state = {**self.state, **load_training_state(checkpoints[-1], self.optimizer)}
             log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
         self.lengths = [(len(s), len(t)) for s, t in self.train_examples]
         self._writer = None
@@ -196,18 +210,22 @@ class Trainer:
         lr = noam_lr(step, cfg.d_model, t.warmup, t.lr_factor, t.lr_peak)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   t.clip_norm if t.clip_norm > 0 else math.inf)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state["step"] = step
-        self.state["target_tokens"] += total_tokens
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                         t.clip_norm if t.clip_norm > 0 else math.inf))
         if self.dist.world > 1:
             sums = torch.tensor([loss_sum, nll_sum], dtype=torch.float64)
             dist.all_reduce(sums)
             loss_sum, nll_sum = sums.tolist()
+        # A non-finite loss or gradient norm would make every weight NaN: stop before the update.
+        for name, value in (("loss", loss_sum / total_tokens), ("gradient norm", grad_norm)):
+            if not math.isfinite(value):
+                raise Diverged(step, name, value)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state["step"] = step
+        self.state["target_tokens"] += total_tokens
         return {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens, "lr": lr,
-                "grad_norm": float(grad_norm), "tokens": total_tokens}
+                "grad_norm": grad_norm, "tokens": total_tokens}
 
     def _autocast(self):
         if self.cfg.train.bf16:
@@ -231,6 +249,8 @@ class Trainer:
             loss, nll = label_smoothed_loss(self.model(batch.src, batch.tgt_in), batch.tgt_out,
                                             cfg.pad_id, t.label_smoothing)
             loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
+        if not math.isfinite(loss_sum):
+            raise Diverged(self.state["step"], "validation loss", loss_sum / tokens)
         result = {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens,
                   "valid_ppl": math.exp(min(nll_sum / tokens, 50))}
         if t.valid_bleu:
@@ -244,7 +264,40 @@ class Trainer:
     # the loop --------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Train until max_steps, max_epochs, the time limit or early stopping; return a summary."""
+        """Train until max_steps, max_epochs, the time limit or early stopping; return a summary.
+
+        A stop it did not choose ends in an AtencionError that says where the run stopped and
+        how to go on: divergence (a non-finite loss or gradient norm; nothing is updated or
+        saved after it), a write that failed (a full disk), or Ctrl-C (``Interrupted``)."""
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted at step {self.state['step']}; {self._where()}") from None
+        except Diverged as err:
+            raise Diverged(err.step, err.what, err.value,
+                           f"{err}; {self._where(lower_lr=True)}") from None
+        except AtencionError as err:
+            raise AtencionError(f"{err}; {self._where()}") from None
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def _where(self, lower_lr: bool = False) -> str:
+        """The last checkpoint and the command that continues from it (or starts over)."""
+        last = list_checkpoints(self.ckpt_dir)
+        t = self.cfg.train
+        change = ""
+        if lower_lr:
+            change = (f" --set train.lr_peak={t.lr_peak / 2:g}" if t.lr_peak is not None
+                      else f" --set train.lr_factor={t.lr_factor / 2:g}")
+            change += " (a lower learning rate; clipping, train.clip_norm, also helps)"
+        if not last:
+            return (f"no checkpoint was written, so start over (the run directory is reused): "
+                    f"{self.command}{change}")
+        return f"the last checkpoint is {last[-1]}; continue from it with: {self.command} --resume{change}"
+
+    def _run(self) -> dict[str, Any]:
         t = self.cfg.train
         start = time.time() - self.state["train_seconds"]
         bar = self._progress()
@@ -253,7 +306,9 @@ class Trainer:
         while stop is None and self.state["epoch"] < t.max_epochs:
             updates = self._updates(self.state["epoch"])
             while self.state["update_in_epoch"] < len(updates):
+                began = time.time()
                 stats = self._step(updates[self.state["update_in_epoch"]])
+                self.state["update_seconds"] += time.time() - began
                 self.state["update_in_epoch"] += 1
                 self.state["train_seconds"] = time.time() - start
                 step = self.state["step"]
@@ -346,14 +401,12 @@ class Trainer:
         summary = {"stopped_by": reason, "steps": self.state["step"], "epochs": self.state["epoch"],
                    "seconds": round(self.state["train_seconds"], 1),
                    "valid_seconds": round(self.state["valid_seconds"], 1),
-                   "tok_s": round(self.state["target_tokens"]
-                                  / max(self.state["train_seconds"] - self.state["valid_seconds"], 1e-9)),
+                   "tok_s": (round(self.state["target_tokens"] / self.state["update_seconds"])
+                             if self.state["update_seconds"] > 0 else None),
                    "best_step": self.state["best_step"],
                    "best_model": str(self.out / "best") if (self.out / "best").is_dir() else None,
                    "last_checkpoint": str(last[-1]) if last else None}
         self._log({"summary": summary})
-        if self._writer is not None:
-            self._writer.close()
         return summary
 
     def _progress(self):
@@ -371,8 +424,11 @@ class Trainer:
         if not self.dist.main:
             return
         log.info(json.dumps(record))
-        with open(self.out / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.out / "log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:
+            raise AtencionError(f"{self.out / 'log.jsonl'}: cannot write ({err.strerror or err})") from None
         if self.cfg.train.tensorboard and "step" in record:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
@@ -383,6 +439,15 @@ class Trainer:
                     self._writer.add_scalar(key, value, record["step"])
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train a translator as ``cfg`` says, writing everything under ``out_dir``."""
-    return Trainer(cfg, out_dir, resume).run()
+def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:
+    """--resume must rebuild the model it saved: name the first key where the configs differ."""
+    for key, value in saved.to_dict().items():
+        if getattr(given, key) != value:
+            raise AtencionError(f"{checkpoint / 'config.json'}: {key} is {value!r} but the config given now "
+                                f"makes it {getattr(given, key)!r}; the model section cannot change on --resume")
+
+
+def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, command: str | None = None) -> dict[str, Any]:
+    """Train a translator as ``cfg`` says, writing everything under ``out_dir``. ``command``:
+    how the user started it, quoted in the lines that say how to resume after a stop."""
+    return Trainer(cfg, out_dir, resume, command).run()

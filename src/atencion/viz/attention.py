@@ -187,14 +187,17 @@ def word_alignment(cross: AttentionMap, layer: int | None = None, head: int | No
     return {(int(i), j) for j, i in enumerate(best)}
 
 
-def parse_pharaoh(line: str) -> tuple[set[Link], set[Link]]:
-    """Sure and possible links of one line: "i-j" is sure, "i?j" possible only (0-based)."""
+def parse_pharaoh(line: str, where: str = "alignment") -> tuple[set[Link], set[Link]]:
+    """Sure and possible links of one line: "i-j" is sure, "i?j" possible only (0-based). ``where``
+    (e.g. "FILE line N") starts the message of an AtencionError for a malformed link."""
     sure, possible = set(), set()
     for item in line.split():
         sep = "-" if "-" in item else "?"
         left, _, right = item.partition(sep)
-        if not (left.isdigit() and right.isdigit()):
-            raise AtencionError(f"{item!r} is not an alignment link 'i-j' (or 'i?j')")
+        # ASCII digits only: str.isdigit() also accepts "²" (which int() refuses) and "١".
+        if not (left.isascii() and left.isdigit() and right.isascii() and right.isdigit()):
+            raise AtencionError(f"{where}: {item!r} is not an alignment link 'i-j' or 'i?j' "
+                                f"(i, j: 0-based source and target word positions)")
         (sure if sep == "-" else possible).add((int(left), int(right)))
     return sure, possible | sure
 
@@ -228,28 +231,48 @@ def corpus_alignment_error_rate(predicted: list[Iterable[Link]], sure: list[Iter
 
 
 def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str], gold: list[str],
-                       shift: str = "predict", max_sentences: int = 0) -> dict:
+                       shift: str = "predict", max_sentences: int = 0,
+                       names: tuple[str, str, str] = ("source", "target", "alignments"),
+                       max_tokens: int = 0) -> dict:
     """AER of cross-attention alignments against gold Pharaoh lines, teacher-forcing each gold
-    target (no decoding): per layer (heads averaged), every layer averaged, and per head."""
+    target (no decoding): per layer (heads averaged), every layer averaged, and per head.
+    ``names`` (the three files) start the messages about a line. Every line is checked before
+    any work: a sentence of more than ``max_tokens`` subword pieces (0: no limit), or a link that
+    points past its sentence's words, is refused naming the file and the line."""
     if not len(sources) == len(targets) == len(gold):
-        raise AtencionError(f"{len(sources)} sources, {len(targets)} targets and {len(gold)} alignments: "
-                         f"the files must be aligned line by line")
+        raise AtencionError(f"{len(sources)} lines in {names[0]}, {len(targets)} in {names[1]} and {len(gold)} "
+                            f"in {names[2]}: the files must be aligned line by line")
     n = len(sources) if max_sentences <= 0 else min(max_sentences, len(sources))
+    links = []
+    for k in range(n):
+        if not sources[k].strip():
+            raise AtencionError(f"{names[0]} line {k + 1}: the source sentence is empty")
+        for name, text, pieces in ((names[0], sources[k], tokenizer.src_pieces), (names[1], targets[k],
+                                                                                    tokenizer.tgt_pieces)):
+            if max_tokens and len(pieces(text)) > max_tokens:
+                raise AtencionError(f"{name} line {k + 1}: {len(pieces(text))} subword pieces, more than the "
+                                    f"limit of {max_tokens} (--max-tokens)")
+        s, p = parse_pharaoh(gold[k], f"{names[2]} line {k + 1}")
+        words = (len(sources[k].split()), len(targets[k].split()))
+        outside = sorted(link for link in p if link[0] >= words[0] or link[1] >= words[1])
+        if outside:
+            i, j = outside[0]
+            raise AtencionError(f"{names[2]} line {k + 1}: link {i}-{j} points past the sentence pair, which has "
+                                f"{words[0]} source and {words[1]} target words (positions from 0)")
+        links.append((s, p))
     n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
     layer_links: list[list[set[Link]]] = [[] for _ in range(n_layers)]
     head_links = [[[] for _ in range(n_heads)] for _ in range(n_layers)]
     mean_links, sure, possible = [], [], []
     for k in range(n):
-        if not sources[k].strip():
-            raise AtencionError(f"line {k + 1}: the source sentence is empty")
         attention = capture_attention(model, tokenizer, sources[k], targets[k], shift)
         cross = attention.cross.to_words()
         shape = (len(_real(cross.cols)), len(_real(cross.rows)))
         expected = (len(sources[k].split()), len(targets[k].split()))
         if shape != expected:
-            raise AtencionError(f"line {k + 1}: the pieces make {shape[0]} source and {shape[1]} target "
-                             f"words, the text has {expected[0]} and {expected[1]}")
-        s, p = parse_pharaoh(gold[k])
+            raise AtencionError(f"{names[0]} line {k + 1}: the pieces make {shape[0]} source and {shape[1]} "
+                                f"target words, the text has {expected[0]} and {expected[1]}")
+        s, p = links[k]
         sure.append(s)
         possible.append(p)
         mean_links.append(word_alignment(cross))

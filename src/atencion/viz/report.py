@@ -52,23 +52,30 @@ def bertviz_data(attention: Attention) -> dict[str, Any]:
 
 
 def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str | None = None,
-                           words: bool = False, shift: str = "predict", beam: int = 4) -> dict[str, Any]:
+                           words: bool = False, shift: str = "predict", beam: int = 4,
+                           max_tokens: int = 128) -> dict[str, Any]:
     """Capture every attention map of ``src`` → ``tgt`` and write FILES into ``out``.
 
     Without ``tgt`` the model translates ``src`` first (beam search) and its own output, token for
     token, is the target. With ``words`` the PNGs and the page show words (see
     ``AttentionMap.to_words``); bertviz.json stays piece-level. Files of these names in ``out``
     are replaced. Returns a summary: the pair, the layer-averaged word alignment, the files.
+    A side of more than ``max_tokens`` subword pieces is refused before the maps are drawn (their
+    size grows with the square of the length); the source is checked before any work.
     """
     from ..decode.translate import translate_lines
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AtencionError(f"--out {out} exists and is not a directory")
+    _check_length("--src", len(tokenizer.src_pieces(src)), max_tokens)
+    if tgt is not None:
+        _check_length("--tgt", len(tokenizer.tgt_pieces(tgt)), max_tokens)
     if tgt is None:
         if not src.strip():
-            raise AtencionError("the source sentence is empty")
-        best = translate_lines(model, tokenizer, [src], beam=beam)[0][0]
+            raise AtencionError("--src: the source sentence is empty")
+        best = translate_lines(model, tokenizer, [src], beam=beam, source="--src")[0][0]
+        _check_length("the translation of --src", len(best.tokens), max_tokens)
         log.info("decoded (beam %d): %s", beam, best.text)
         attention = capture_attention(model, tokenizer, src, best.tokens, shift)
     else:
@@ -88,3 +95,9 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
     return {"src": attention.src, "tgt": attention.tgt, "decoded": tgt is None, "shift": shift,
             "words": words, "alignment": format_pharaoh(word_alignment(attention.cross)),
             "out": str(out), "files": list(FILES)}
+
+
+def _check_length(what: str, pieces: int, limit: int) -> None:
+    if pieces > limit:
+        raise AtencionError(f"{what}: {pieces} subword pieces, more than the limit of {limit} (--max-tokens); "
+                            f"attention maps of a sentence that long cannot be read")
