@@ -7,7 +7,6 @@ import errno
 import json
 import logging
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -78,8 +77,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.resume:
         need_dir(args.out, "--out")
     cfg = load_config(args.config, args.set or [])
-    command = shlex.join(["atencion", "train", args.config, *(f"--set={s}" for s in args.set or []),
-                          "--out", args.out])
+    command = ["atencion", "train", args.config, "--out", args.out, *(f"--set={s}" for s in args.set or [])]
     summary = train(cfg, args.out, resume=args.resume, command=command)
     print(json.dumps(summary))
 
@@ -104,10 +102,11 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model_dir(args.model, args.device, args.int8)
-    if args.input:
-        lines = read_lines(args.input, allow_empty=True, errors="replace")
-    else:
-        lines = read_lines(getattr(sys.stdin, "buffer", sys.stdin), allow_empty=True, errors="replace", name="stdin")
+    def warn(message: str) -> None:
+        print(f"atencion translate: warning: {message}", file=sys.stderr)
+
+    source = args.input or getattr(sys.stdin, "buffer", sys.stdin)
+    lines = read_lines(source, allow_empty=True, errors="replace", name=args.input or "stdin", warn=warn)
     results = translate_lines(model, tokenizer, lines, args.beam, args.alpha, args.max_len_a,
                               args.max_len_b, args.batch_tokens, args.nbest, args.max_input_tokens,
                               args.input or "stdin")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -13,6 +14,22 @@ from .errors import AtencionError, MissingFileError
 
 def _cannot_write(path: Path, err: OSError) -> AtencionError:
     return AtencionError(f"{path}: cannot write ({err.strerror or err}); nothing there was replaced")
+
+
+def _out_of_space(directory: Path) -> bool:
+    """Whether the file system of ``directory`` is (nearly) full: libraries that write files
+    themselves (safetensors, CTranslate2, ONNX) report a full disk with their own error types."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 16
+
+
+def _library_failure(path: Path, err: Exception) -> Exception:
+    if _out_of_space(path.parent):
+        return _cannot_write(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    return err
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
@@ -28,6 +45,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         os.replace(tmp, path)
     except OSError as err:
         raise _cannot_write(path, err) from None
+    except Exception as err:
+        failure = _library_failure(path, err)
+        if failure is err:
+            raise
+        raise failure from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -55,10 +77,15 @@ def atomic_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-    except OSError as err:
+    except Exception as err:
         if old.exists() and not path.exists():
             os.replace(old, path)
-        raise _cannot_write(path, err) from None
+        if isinstance(err, OSError):
+            raise _cannot_write(path, err) from None
+        failure = _library_failure(path, err)
+        if failure is err:
+            raise
+        raise failure from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -40,11 +40,13 @@ class CorpusReport:
         return "; ".join(parts)
 
 
-def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: str | None = None) -> list[str]:
+def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: str | None = None,
+               warn=log.warning) -> list[str]:
     """All lines of a UTF-8 text file (gzip if it ends in .gz), or of a binary stream such as
     ``sys.stdin.buffer``, without their line endings. ``errors``: "strict" refuses a line that is
-    not UTF-8, naming it; "replace" puts U+FFFD in place of each bad byte and warns once, naming
-    the first such line (so that one line still comes out per line in). ``name`` names a stream."""
+    not UTF-8, naming it; "replace" puts U+FFFD in place of each bad byte and calls ``warn`` once
+    with a line naming the first such line (so that one line still comes out per line in).
+    ``name`` names a stream."""
     if hasattr(path, "read"):
         name = name or "input"
         raw = path.read()
@@ -80,8 +82,8 @@ def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: st
             text = line.decode("utf-8", errors="replace")
         out.append(text.rstrip("\r"))
     if bad:
-        log.warning("%s%s; each bad byte was replaced with U+FFFD", bad[0],
-                    f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else "")
+        more = f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else ""
+        warn(f"{bad[0]}{more}; each bad byte was replaced with U+FFFD")
     return out
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError, MissingFileError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, atomic_write_bytes
 from .attention import BeamKVCache, KVCache, Packing, check_mask
 from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer
@@ -302,7 +302,7 @@ class Transformer(nn.Module):
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write config.json and model.safetensors into ``directory`` (each atomically)."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -312,7 +312,7 @@ class Transformer(nn.Module):
         bad = non_finite(tensors)
         if bad:
             raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
-        atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write_bytes(directory / WEIGHTS_FILE, save(tensors))  # our write: a full disk is an OSError
         atomic_write(directory / CONFIG_FILE, self.cfg.save)
 
     @classmethod

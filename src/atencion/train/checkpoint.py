@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
 from ..errors import AtencionError, MissingFileError
@@ -72,11 +72,11 @@ def save_checkpoint(path: Path, model: Transformer, tokenizer: Tokenizer, optimi
         model.save(tmp)
         tokenizer.save(tmp)
         if optimizer is not None:
-            save_file(_optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
+            (tmp / OPTIMIZER_FILE).write_bytes(save(_optimizer_tensors(optimizer)))  # a full disk: OSError
             rng = {"cpu": torch.get_rng_state()}
             if torch.cuda.is_available():
                 rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-            save_file(rng, str(tmp / RNG_FILE))
+            (tmp / RNG_FILE).write_bytes(save(rng))
         if trainer_state is not None:
             (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2) + "\n", encoding="utf-8")
 

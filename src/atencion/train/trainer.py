@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import time
 from contextlib import nullcontext
@@ -106,10 +107,11 @@ def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[E
 class Trainer:
     """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, command: str | None = None):
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
+                 command: list[str] | None = None):
         self.cfg, self.out = cfg, Path(out_dir)
-        # How the user started this run, for the "continue with" line of a stop (see _where).
-        self.command = command or f"atencion train CONFIG --out {self.out}"
+        # How the user started this run (argv words), for the "continue with" line of a stop (_where).
+        self.command = list(command or ["atencion", "train", "CONFIG", "--out", str(self.out)])
         t = cfg.train
         self.device = _device(t.device)
         self.dist = _init_distributed(self.device)
@@ -136,13 +138,17 @@ class Trainer:
             self.tokenizer = Tokenizer.load(checkpoints[-1])
         else:
             if self.dist.main:
-                restarted = prepare_run_dir(self.out)
-                if restarted:
-                    log.warning("%s held a run that stopped before its first checkpoint; starting it over "
-                                "(removed %s)", self.out, ", ".join(restarted))
-                Tokenizer.train(train_pairs, cfg.data.vocab_size, cfg.data.model_type, cfg.data.joint,
-                                cfg.data.character_coverage).save(self.out)
-                atomic_write_text(self.out / "config.yaml", dump_config(cfg))
+                try:
+                    restarted = prepare_run_dir(self.out)
+                    if restarted:
+                        log.warning("%s held a run that stopped before its first checkpoint; starting it over "
+                                    "(removed %s)", self.out, ", ".join(restarted))
+                    Tokenizer.train(train_pairs, cfg.data.vocab_size, cfg.data.model_type, cfg.data.joint,
+                                    cfg.data.character_coverage).save(self.out)
+                    atomic_write_text(self.out / "config.yaml", dump_config(cfg))
+                except AtencionError as err:
+                    raise AtencionError(f"{err}; no checkpoint was written; start over in the same directory: "
+                                        f"{shlex.join(self.command)}") from None
             self.dist.barrier()
             self.tokenizer = Tokenizer.load(self.out)
         self.train_examples = encode_pairs(train_pairs, self.tokenizer, cfg.data.max_len, "train corpus")
@@ -287,15 +293,15 @@ class Trainer:
         """The last checkpoint and the command that continues from it (or starts over)."""
         last = list_checkpoints(self.ckpt_dir)
         t = self.cfg.train
-        change = ""
+        words, advice = list(self.command), ""
         if lower_lr:
-            change = (f" --set train.lr_peak={t.lr_peak / 2:g}" if t.lr_peak is not None
-                      else f" --set train.lr_factor={t.lr_factor / 2:g}")
-            change += " (a lower learning rate; clipping, train.clip_norm, also helps)"
+            key, value = ("lr_peak", t.lr_peak) if t.lr_peak is not None else ("lr_factor", t.lr_factor)
+            words = [w for w in words if not w.startswith(f"--set=train.{key}=")] + [f"--set=train.{key}={value / 2:g}"]
+            advice = " with a lower learning rate" + ("" if t.clip_norm else " (train.clip_norm helps too)")
         if not last:
-            return (f"no checkpoint was written, so start over (the run directory is reused): "
-                    f"{self.command}{change}")
-        return f"the last checkpoint is {last[-1]}; continue from it with: {self.command} --resume{change}"
+            return (f"no checkpoint was written; start over in the same directory{advice}: "
+                    f"{shlex.join(words)}")
+        return f"the last checkpoint is {last[-1]}; continue from it{advice}: {shlex.join(words + ['--resume'])}"
 
     def _run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -447,7 +453,9 @@ def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> Non
                                 f"makes it {getattr(given, key)!r}; the model section cannot change on --resume")
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, command: str | None = None) -> dict[str, Any]:
-    """Train a translator as ``cfg`` says, writing everything under ``out_dir``. ``command``:
-    how the user started it, quoted in the lines that say how to resume after a stop."""
+def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
+          command: list[str] | None = None) -> dict[str, Any]:
+    """Train a translator as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
+    words of the command line that started it (without --resume), quoted in the line that says
+    how to go on after a stop."""
     return Trainer(cfg, out_dir, resume, command).run()

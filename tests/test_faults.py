@@ -1,0 +1,495 @@
+"""The fault catalogue: every fault a user or an adversary met ends in one line on stderr (no
+traceback), a documented exit status, and every file that was there before byte-identical after.
+
+Disk-full cases run on a small tmpfs, so they need root (mount); elsewhere they skip.
+"""
+
+import gc
+import gzip
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from atencion.cli import main
+from atencion.train.trainer import train
+from test_training import tiny_config, write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# helpers -----------------------------------------------------------------------------------------
+
+def snapshot(*directories: Path) -> dict[Path, bytes]:
+    """Every file under ``directories`` with its bytes."""
+    return {p: p.read_bytes() for d in directories if d.exists() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def unchanged(before: dict[Path, bytes], appended: tuple[str, ...] = ()) -> bool:
+    """Every file as it was; files named in ``appended`` (a run's log) may only have grown at the end."""
+    changed = [p for p, data in before.items() if not (p.is_file() and p.read_bytes() == data)]
+    grown = [p for p in changed if p.name in appended and p.read_bytes().startswith(before[p])]
+    assert changed == grown, changed
+    return True
+
+
+def fault(argv: list[str], capsys, status: int = 2) -> str:
+    """Run the CLI; assert the exit status and one line on stderr without a traceback; return it."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == status, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def write_config(path: Path, data: dict[str, str], **train) -> Path:
+    """A YAML config of a 1-layer model on the toy corpus (the tests' tiny_config, as a file)."""
+    settings = {"max_tokens": 256, "warmup": 20, "lr_peak": 0.01, "progress": False, "tensorboard": False,
+                "log_every": 1, "threads": 1, "max_steps": 6, "valid_every": 3, **train}
+    path.write_text(
+        "model: {preset: tiny, d_model: 32, d_ff: 64, n_layers: 1, n_heads: 2}\n"
+        f"data: {{train_src: {data['data.train_src']}, train_tgt: {data['data.train_tgt']}, "
+        f"valid_src: {data['data.train_src']}, valid_tgt: {data['data.train_tgt']}, vocab_size: 40}}\n"
+        "train: {" + ", ".join(f"{k}: {v}" for k, v in settings.items()) + "}\n"
+        "decode: {beam: 2, max_len_b: 10}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("faults") / "data", n=200)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("faults-run") / "run"
+    train(tiny_config(corpus, **{"train.max_steps": 10, "train.max_epochs": 100}), out)
+    return out / "checkpoints" / "step_00000010"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (root only), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("disk-full cases mount a tmpfs, which needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield disk
+    gc.collect()  # weights loaded from the disk are memory-mapped until collected
+    if subprocess.run(["umount", str(disk)]).returncode != 0:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path, leave: int = 0) -> None:
+    """Fill ``disk`` until at most ``leave`` bytes are free."""
+    with open(disk / "filler", "ab", buffering=0) as f:
+        for size in (1 << 16, 1 << 12, 1 << 9):
+            try:
+                while os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize > leave:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+
+
+# 1. divergence -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("valid_bleu", [False, True])
+def test_a_diverged_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_path, corpus, capsys, valid_bleu):
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=40, valid_bleu=str(valid_bleu).lower())
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", "train.lr_peak=10000"], capsys)
+    assert "diverged" in line and "at step" in line and line.endswith("--set=train.lr_peak=5000 --resume")
+    saved = list((tmp_path / "run").rglob("model.safetensors"))
+    for path in saved:
+        assert all(torch.isfinite(t).all() for t in load_file(str(path)).values()), path
+    for path in (tmp_path / "run").rglob("trainer_state.json"):
+        best = json.loads(path.read_text())["best"]
+        assert best is None or math.isfinite(best)
+
+
+def test_a_run_that_diverges_before_its_first_checkpoint_can_be_rerun(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus, valid_every=100)
+    out = tmp_path / "run"
+    line = fault(["train", str(config), "--out", str(out), "--set", "train.lr_peak=10000"], capsys)
+    assert "no checkpoint was written" in line and f"--out {out}" in line and "lr_peak=10000" not in line
+    assert main(["train", str(config), "--out", str(out)]) == 0  # the same command, a sane rate
+    assert (out / "checkpoints" / "step_00000006").is_dir()
+
+
+def test_a_model_with_non_finite_weights_is_refused_on_load(model_dir, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in model_dir.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(broken / "model.safetensors"))
+    tensors = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in tensors.items()}
+    save_file(tensors, str(broken / "model.safetensors"))
+    (tmp_path / "in.txt").write_text("uno dos\ntres\n")
+    before = snapshot(tmp_path)
+    line = fault(["translate", "--model", str(broken), "--input", str(tmp_path / "in.txt"), "--nbest", "2",
+                  "--output", str(tmp_path / "out.txt")], capsys)
+    assert "non-finite" in line and "model.safetensors" in line
+    assert unchanged(before) and not (tmp_path / "out.txt").exists()
+
+
+def test_decoding_a_model_that_gives_nan_scores_is_an_error_not_missing_lines(model_dir):
+    from atencion.decode.model_dir import load_model_dir
+    from atencion.decode.translate import translate_lines
+    from atencion.errors import AtencionError
+
+    model, tokenizer = load_model_dir(model_dir)
+    with torch.no_grad():
+        model.generator.weight.fill_(float("nan"))
+    for beam, nbest in ((1, 1), (4, 2)):
+        with pytest.raises(AtencionError, match="not finite"):
+            translate_lines(model, tokenizer, ["uno dos", "tres"], beam=beam, nbest=nbest)
+
+
+# 2-3. the user's files and failed starts -----------------------------------------------------------
+
+def test_train_refuses_a_directory_that_is_not_a_run(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("my own notes\n")
+    before = snapshot(tmp_path)
+    line = fault(["train", str(config), "--out", str(out)], capsys)
+    assert "not a training run" in line and unchanged(before) and sorted(os.listdir(out)) == ["config.yaml"]
+
+
+def test_model_section_errors_name_the_file_and_key_and_write_nothing(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", "model.n_heads=3"], capsys)
+    assert str(config) in line and "model.n_heads" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over_and_temporaries_are_cleaned(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    out = tmp_path / "run"
+    dead = 2 ** 22 + 12345  # above the usual pid_max: no such process
+    (out / "checkpoints" / f".step_00000003.tmp-{dead}").mkdir(parents=True)  # what a kill leaves
+    (out / "run.json").write_text("{}\n")
+    (out / "config.yaml").write_text("an older dump\n")
+    (out / f".config.yaml.tmp-{dead}").write_text("half")
+    assert main(["train", str(config), "--out", str(out)]) == 0
+    assert not list(out.rglob(f"*-{dead}"))
+    assert "an older dump" not in (out / "config.yaml").read_text()
+
+
+def test_resume_of_a_run_without_a_checkpoint_says_to_start_over(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}\n")
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--resume"], capsys)
+    assert "without --resume" in line
+
+
+def test_a_best_model_caught_between_its_two_renames_is_put_back(tmp_path):
+    from atencion.fileio import clean_stale_temporaries
+
+    dead = 2 ** 22 + 12345
+    (tmp_path / f".best.old-{dead}").mkdir()
+    (tmp_path / f".best.old-{dead}" / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / f".best.tmp-{dead}").mkdir()
+    clean_stale_temporaries(tmp_path)
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() == b"weights"
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+
+
+def test_resume_refuses_a_changed_model_section_naming_the_key(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=3)
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--resume", "--set", "model.d_ff=128",
+                  "--set", "train.max_steps=6"], capsys)
+    assert "config.json: d_ff is 64" in line and unchanged(before)
+
+
+# 4-5. atomic writes, full disks, bytes that are not UTF-8, paths of the wrong kind, Ctrl-C -----------
+
+def test_evaluate_on_a_full_disk_keeps_the_previous_output(model_dir, tmp_path, small_disk, capsys):
+    (tmp_path / "src.txt").write_text("uno dos tres\n" * 300)
+    (tmp_path / "ref.txt").write_text("three two one\n" * 300)
+    output = small_disk / "hyp.txt"
+    output.write_text("my previous translations\n")
+    fill(small_disk)
+    before = snapshot(tmp_path)
+    line = fault(["evaluate", "--model", str(model_dir), "--src", str(tmp_path / "src.txt"), "--ref",
+                  str(tmp_path / "ref.txt"), "--output", str(output), "--beam", "1"], capsys)
+    assert f"{output}: cannot write (No space left on device)" in line and ".tmp-" not in line
+    assert unchanged(before)
+    assert sorted(os.listdir(small_disk)) == ["filler", "hyp.txt"]
+
+
+@pytest.mark.parametrize("command", ["translate", "train", "resume", "average", "export", "attention"])
+def test_a_full_disk_is_one_line_for_every_command(model_dir, tmp_path, small_disk, corpus, capsys, command):
+    (tmp_path / "in.txt").write_text("uno dos\n" * 400)
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=3)
+    if command == "resume":
+        assert main(["train", str(config), "--out", str(small_disk / "run")]) == 0
+        capsys.readouterr()
+    fill(small_disk, leave=4096 if command in ("train", "resume") else 0)
+    argv = {"translate": ["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                          "--output", str(small_disk / "out.txt"), "--beam", "1"],
+            "train": ["train", str(config), "--out", str(small_disk / "run")],
+            "resume": ["train", str(config), "--out", str(small_disk / "run"), "--resume",
+                       "--set", "train.max_steps=6"],
+            "average": ["average", "--out", str(small_disk / "avg"), str(model_dir)],
+            "export": ["export", "--model", str(model_dir), "--format", "ctranslate2", "--out",
+                       str(small_disk / "ct2")],
+            "attention": ["attention", "--model", str(model_dir), "--src", "uno dos", "--out",
+                          str(small_disk / "maps")]}[command]
+    before = snapshot(tmp_path, small_disk)
+    line = fault(argv, capsys)
+    assert "No space left on device" in line, line
+    if command in ("train", "resume"):
+        assert "--resume" in line or "start over" in line
+    assert unchanged(before, appended=("log.jsonl",))  # a resumed run's log grows
+    assert not [p for p in small_disk.rglob("*") if ".tmp-" in p.name]
+
+
+def test_bytes_that_are_not_utf8_on_stdin_become_replacement_characters_one_line_out_per_line_in(
+        model_dir, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"uno \xe9 dos\ntres\n\xff\n")))
+    assert main(["translate", "--model", str(model_dir), "--beam", "1"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 3
+    assert "stdin line 1: not valid UTF-8 (byte 0xe9 at column 5)" in captured.err
+    assert "and 1 more line" in captured.err
+
+
+def test_bytes_that_are_not_utf8_in_a_training_corpus_name_the_file_and_line(tmp_path, corpus, capsys):
+    bad = tmp_path / "bad.es"
+    bad.write_bytes(Path(corpus["data.train_src"]).read_bytes().replace(b"\n", b" \xe9\n", 1))
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", f"data.train_src={bad}"], capsys)
+    assert f"{bad} line 1: not valid UTF-8" in line and not (tmp_path / "run").exists()
+
+
+def path_cases():
+    """(command line with FILE/DIR/MODEL placeholders, the option whose kind is wrong)."""
+    return [
+        ("train DIR --out NEW", "CONFIG"), ("train CONFIG --out FILE", "--out"),
+        ("train CONFIG --out FILE --resume", "--out"),
+        ("translate --model FILE", "--model"), ("translate --model MODEL --input DIR", "--input"),
+        ("translate --model MODEL --input FILE --output DIR", "--output"),
+        ("evaluate --model MODEL --src DIR --ref FILE", "--src"),
+        ("evaluate --model MODEL --src FILE --ref DIR", "--ref"),
+        ("evaluate --model FILE --src FILE --ref FILE", "--model"),
+        ("evaluate --model MODEL --src FILE --ref FILE --output DIR", "--output"),
+        ("evaluate --model MODEL --src FILE --ref FILE --raw-ref DIR", "--raw-ref"),
+        ("evaluate --model MODEL --src FILE --ref FILE --raw-ref FILE --recase-from DIR", "--recase-from"),
+        ("average --out NEW FILE", "CKPT"), ("average --out FILE MODEL", "--out"),
+        ("attention --model FILE --src uno --out NEW", "--model"),
+        ("attention --model MODEL --src uno --out FILE", "--out"),
+        ("aer --model MODEL --src DIR --tgt FILE --align FILE", "--src"),
+        ("aer --model MODEL --src FILE --tgt DIR --align FILE", "--tgt"),
+        ("aer --model MODEL --src FILE --tgt FILE --align DIR", "--align"),
+        ("aer --model FILE --src FILE --tgt FILE --align FILE", "--model"),
+        ("figures --out FILE --quick", "--out"),
+        ("export --model FILE --format onnx --out NEW", "--model"),
+        ("export --model MODEL --format onnx --out FILE", "--out"),
+        ("demo --out FILE", "--out"), ("demo --out NEW --config DIR", "--config"),
+        ("download multi30k --out FILE", "--out"),
+    ]
+
+
+@pytest.mark.parametrize("command, option", path_cases())
+def test_a_path_of_the_wrong_kind_is_named_by_its_option(model_dir, tmp_path, corpus, capsys, command, option):
+    (tmp_path / "a-file").write_text("uno dos\n")
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "a-dir" / "inside").write_text("x\n")
+    places = {"FILE": str(tmp_path / "a-file"), "DIR": str(tmp_path / "a-dir"), "MODEL": str(model_dir),
+              "NEW": str(tmp_path / "new"), "CONFIG": str(write_config(tmp_path / "c.yaml", corpus))}
+    argv = [places.get(word, word) for word in command.split()]
+    before = snapshot(tmp_path)
+    line = fault(argv, capsys)
+    assert option in line and ("is a directory" in line or "is a file" in line), line
+    assert unchanged(before) and not (tmp_path / "new").exists()
+
+
+def test_ctrl_c_during_training_says_where_and_how_to_resume_and_exits_130(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=0, max_epochs=10000, valid_every=5,
+                          valid_bleu="false")
+    out = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "atencion", "train", str(config), "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "interrupted at step" in line and "--resume" in line
+    result = subprocess.run([sys.executable, "-m", "atencion", "train", str(config), "--out", str(out),
+                             "--resume", "--set", "train.max_epochs=1"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# 5. files checked against the files they are used with ------------------------------------------
+
+def test_a_tokenizer_from_another_run_is_named_with_the_config_line(model_dir, tmp_path, capsys):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in model_dir.iterdir():
+        (mixed / f.name).write_bytes(f.read_bytes())
+    config = json.loads((mixed / "config.json").read_text())
+    config["vocab_size"] += 1
+    (mixed / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(0)
+    from atencion import ModelConfig, Transformer
+
+    Transformer(ModelConfig.from_dict(config)).save(mixed)
+    (tmp_path / "in.txt").write_text("uno\n")
+    line = fault(["translate", "--model", str(mixed), "--input", str(tmp_path / "in.txt")], capsys)
+    assert "tokenizer.json" in line and "config.json line 2" in line
+
+
+def test_a_sentencepiece_model_that_disagrees_with_tokenizer_json_is_named(model_dir, tmp_path, capsys):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in model_dir.iterdir():
+        (mixed / f.name).write_bytes(f.read_bytes())
+    info = json.loads((mixed / "tokenizer.json").read_text())
+    info["src_vocab_size"] += 5
+    (mixed / "tokenizer.json").write_text(json.dumps(info, indent=2))
+    (tmp_path / "in.txt").write_text("uno\n")
+    line = fault(["translate", "--model", str(mixed), "--input", str(tmp_path / "in.txt")], capsys)
+    assert "spm.model" in line and "tokenizer.json line" in line
+
+
+def test_an_alignment_past_the_sentence_is_named_by_file_and_line(model_dir, tmp_path, capsys):
+    (tmp_path / "s").write_text("uno dos\ntres\n")
+    (tmp_path / "t").write_text("two one\nthree\n")
+    (tmp_path / "a").write_text("0-1 1-0\n0-3\n")
+    line = fault(["aer", "--model", str(model_dir), "--src", str(tmp_path / "s"), "--tgt", str(tmp_path / "t"),
+                  "--align", str(tmp_path / "a")], capsys)
+    assert f"{tmp_path / 'a'} line 2: link 0-3 points past" in line
+
+
+def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_dir, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in model_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    (other / "spm.model").write_bytes((other / "spm.model").read_bytes() + b"\0")
+    line = fault(["average", "--out", str(tmp_path / "avg"), str(model_dir), str(other)], capsys)
+    assert "spm.model: differs from" in line and not (tmp_path / "avg").exists()
+
+
+# 6. numbers ------------------------------------------------------------------------------------
+
+def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path, corpus):
+    from atencion.train.config import load_config
+
+    config = write_config(tmp_path / "c.yaml", corpus, lr_peak="3e-3")
+    assert load_config(config).train.lr_peak == 3e-3
+    assert load_config(config, ["train.lr_peak=3e-4"]).train.lr_peak == 3e-4
+    assert load_config(config, ["model.dropout=1e-1"]).model_config(40, None).dropout == 0.1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr_peak=-1", "train.lr_peak must be > 0.0"), ("train.lr_peak=0", "train.lr_peak must be > 0.0"),
+    ("train.lr_factor=-0.5", "train.lr_factor must be > 0.0"), ("train.max_steps=-5", "train.max_steps must be >= 0"),
+    ("train.lr_peak=.nan", "expected a finite number"), ("train.max_steps=2.5", "expected an integer"),
+    ("train.adam_betas=[0.9, 1.5]", r"train.adam_betas\[1\] must be in \[0, 1.0\)"),
+    ("decode.alpha=-1", "decode.alpha must be >= 0.0"), ("train.device=gpu", "train.device must be"),
+    ("model.norm_first=maybe", "model.norm_first must be true or false"),
+])
+def test_impossible_numbers_are_refused_naming_the_key(tmp_path, corpus, capsys, override, message):
+    import re
+
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", override], capsys)
+    assert re.search(message, line), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_tokens_per_second_of_a_two_step_run_is_a_real_rate(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=2, valid_every=1)
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 < summary["tok_s"] < 10_000_000, summary
+
+
+# 7. unbounded work -------------------------------------------------------------------------------
+
+def test_attention_on_a_huge_sentence_is_refused_before_any_work(model_dir, tmp_path, capsys):
+    started = time.time()
+    line = fault(["attention", "--model", str(model_dir), "--src", " ".join(["uno dos"] * 1000), "--out",
+                  str(tmp_path / "maps")], capsys)
+    assert "--src" in line and "--max-tokens" in line and time.time() - started < 30
+    assert not (tmp_path / "maps").exists() or not any((tmp_path / "maps").iterdir())
+
+
+def test_translate_refuses_a_line_over_the_input_limit_naming_it(model_dir, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("uno\n" + "dos " * 50 + "\n")
+    line = fault(["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                  "--max-input-tokens", "20"], capsys)
+    assert f"{tmp_path / 'in.txt'} line 2:" in line and "--max-input-tokens" in line
+
+
+# 8. messages that name the right thing --------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_it_says_so(model_dir, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("uno\n")
+    line = fault(["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"), "--device",
+                  "cuda"], capsys)
+    assert "--device cuda: this machine has no CUDA device" in line
+
+
+def test_a_directory_given_as_a_corpus_says_so(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", f"data.train_src={tmp_path}"],
+                 capsys)
+    assert "is a directory" in line
+
+
+@pytest.mark.parametrize("option, value", [("--batch-tokens", "0"), ("--beam", "0"), ("--nbest", "-1"),
+                                           ("--alpha", "nan"), ("--max-len-b", "-2")])
+def test_a_bad_number_is_named_by_its_option(model_dir, capsys, option, value):
+    with pytest.raises(SystemExit) as done:
+        main(["translate", "--model", str(model_dir), option, value])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument {option}" in err
+
+
+def test_an_unwritable_output_names_the_output_not_a_temporary(model_dir, tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("mounts a read-only tmpfs, which needs root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (tmp_path / "in.txt").write_text("uno\n")
+        line = fault(["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"), "--output",
+                      str(ro / "out.txt")], capsys)
+        assert str(ro / "out.txt") in line and ".tmp-" not in line
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_a_corrupt_gzip_corpus_is_one_line(tmp_path, corpus, capsys):
+    bad = tmp_path / "bad.es.gz"
+    bad.write_bytes(gzip.compress(b"uno dos\n" * 50)[:-20])
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", f"data.train_src={bad}"], capsys)
+    assert str(bad) in line
