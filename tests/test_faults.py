@@ -51,6 +51,13 @@ def fault(argv: list[str], capsys, status: int = 2) -> str:
     return lines[0]
 
 
+def copy_dir(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for f in source.iterdir():
+        (target / f.name).write_bytes(f.read_bytes())
+    return target
+
+
 def write_config(path: Path, data: dict[str, str], **train) -> Path:
     """A YAML config of a 1-layer model on the toy corpus (the tests' tiny_config, as a file)."""
     settings = {"max_tokens": 256, "warmup": 20, "lr_peak": 0.01, "progress": False, "tensorboard": False,
@@ -127,10 +134,7 @@ def test_a_run_that_diverges_before_its_first_checkpoint_can_be_rerun(tmp_path, 
 
 
 def test_a_model_with_non_finite_weights_is_refused_on_load(model_dir, tmp_path, capsys):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in model_dir.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    broken = copy_dir(model_dir, tmp_path / "broken")
     tensors = load_file(str(broken / "model.safetensors"))
     tensors = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in tensors.items()}
     save_file(tensors, str(broken / "model.safetensors"))
@@ -344,10 +348,7 @@ def test_ctrl_c_during_training_says_where_and_how_to_resume_and_exits_130(tmp_p
 # 5. files checked against the files they are used with ------------------------------------------
 
 def test_a_tokenizer_from_another_run_is_named_with_the_config_line(model_dir, tmp_path, capsys):
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    for f in model_dir.iterdir():
-        (mixed / f.name).write_bytes(f.read_bytes())
+    mixed = copy_dir(model_dir, tmp_path / "mixed")
     config = json.loads((mixed / "config.json").read_text())
     config["vocab_size"] += 1
     (mixed / "config.json").write_text(json.dumps(config, indent=2))
@@ -361,10 +362,7 @@ def test_a_tokenizer_from_another_run_is_named_with_the_config_line(model_dir, t
 
 
 def test_a_sentencepiece_model_that_disagrees_with_tokenizer_json_is_named(model_dir, tmp_path, capsys):
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    for f in model_dir.iterdir():
-        (mixed / f.name).write_bytes(f.read_bytes())
+    mixed = copy_dir(model_dir, tmp_path / "mixed")
     info = json.loads((mixed / "tokenizer.json").read_text())
     info["src_vocab_size"] += 5
     (mixed / "tokenizer.json").write_text(json.dumps(info, indent=2))
@@ -383,10 +381,7 @@ def test_an_alignment_past_the_sentence_is_named_by_file_and_line(model_dir, tmp
 
 
 def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_dir, tmp_path, capsys):
-    other = tmp_path / "other"
-    other.mkdir()
-    for f in model_dir.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
+    other = copy_dir(model_dir, tmp_path / "other")
     (other / "spm.model").write_bytes((other / "spm.model").read_bytes() + b"\0")
     line = fault(["average", "--out", str(tmp_path / "avg"), str(model_dir), str(other)], capsys)
     assert "spm.model: differs from" in line and not (tmp_path / "avg").exists()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import AtencionError
+from ..fileio import atomic_write_text
 
 TENSES = ("present", "preterite", "imperfect", "future")
 
@@ -351,7 +352,7 @@ def write_corpus(pairs: list[Pair], directory: str | Path, prefix: str) -> dict[
                "align": [" ".join(f"{i}-{j}" for i, j in p.alignment) for p in pairs]}
     paths = {key: directory / f"{prefix}.{key}" for key in columns}
     for key, lines in columns.items():
-        paths[key].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        atomic_write_text(paths[key], "".join(line + "\n" for line in lines))
     return paths
 
 
