@@ -99,7 +99,7 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3) or ``tiny`` (Transformer-Tiny)."""
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=None)
 

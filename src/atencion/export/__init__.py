@@ -63,9 +63,13 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
 def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str) -> list[str]:
     """:func:`export` for a model directory (config.json, model.safetensors, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
+    from ..decode.model_dir import check_vocabularies
     from ..nn.transformer import Transformer
 
     _writer(fmt)  # an unknown format fails before anything is loaded
     model = Transformer.load(model_dir)
-    tokenizer = Tokenizer.load(model_dir) if (Path(model_dir) / INFO_FILE).is_file() else None
+    tokenizer = None
+    if (Path(model_dir) / INFO_FILE).is_file():
+        tokenizer = Tokenizer.load(model_dir)
+        check_vocabularies(Path(model_dir), model, tokenizer)
     return export(model, out, fmt, tokenizer)

@@ -107,12 +107,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     source = "defaults"
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise AtencionError(f"{path}: is a directory; expected a YAML config file")
         if not path.is_file():
             raise MissingFileError(f"{path}: config file not found")
+        data = path.read_bytes()
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise AtencionError(f"{path}: not valid YAML ({err})") from None
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data[: err.start].count(b"\n") + 1
+            raise AtencionError(f"{path} line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x})") from None
+        raw = _yaml(text, str(path)) or {}
         if not isinstance(raw, dict):
             raise AtencionError(f"{path}: expected a mapping with sections model/data/train/decode")
         source = str(path)
@@ -124,17 +129,40 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise AtencionError(f"{source}: section {section!r} must be a mapping")
-        raw[section][name] = yaml.safe_load(value)
+        raw[section][name] = _yaml(value, f"--set {item!r}")
     return _build(raw, source)
 
 
+def _yaml(text: str, where: str) -> Any:
+    """``text`` parsed as YAML (safe loader); any failure is one line naming ``where``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = f" line {err.problem_mark.line + 1}" if err.problem_mark is not None else ""
+        raise AtencionError(f"{where}{mark}: not valid YAML ({err.problem or err.context})") from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError, OverflowError) as err:
+        # e.g. a date YAML reads as a timestamp but that does not exist (2020-13-45), deep nesting
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise AtencionError(f"{where}: not valid YAML ({text})") from None
+
+
+def _string_keys(mapping: dict, where: str) -> None:
+    for key in mapping:
+        if not isinstance(key, str):
+            raise AtencionError(f"{where}: key {key!r} is not a name; expected SECTION: {{KEY: VALUE}}")
+
+
 def _build(raw: dict[str, Any], source: str) -> TrainConfig:
+    _string_keys(raw, source)
     unknown = sorted(set(raw) - {"model", *SECTIONS})
     if unknown:
         raise AtencionError(f"{source}: unknown section(s) {unknown}; expected model, data, train, decode")
     model = raw.get("model") or {}
     if not isinstance(model, dict):
         raise AtencionError(f"{source}: section 'model' must be a mapping")
+    _string_keys(model, f"{source}: section 'model'")
+    if not isinstance(model.get("preset", ""), str):
+        raise AtencionError(f"{source}: model.preset must be a preset name, got {model['preset']!r}")
     bad = sorted(set(model) - MODEL_KEYS)
     if bad:
         raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
@@ -145,6 +173,7 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
         values = raw.get(name) or {}
         if not isinstance(values, dict):
             raise AtencionError(f"{source}: section {name!r} must be a mapping")
+        _string_keys(values, f"{source}: section {name!r}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in values.items():
             if key not in fields:

@@ -172,7 +172,10 @@ class Trainer:
             saved = Transformer.load(checkpoints[-1], self.device)
             _same_model(saved.cfg, model_cfg, checkpoints[-1])
             self.model.load_state_dict(saved.state_dict())
-            self.state = {**self.state, **load_training_state(checkpoints[-1], self.optimizer)}
+            saved_state = load_training_state(checkpoints[-1], self.optimizer)
+            saved_state.setdefault("update_seconds",  # checkpoints written before updates were timed apart
+                                   max(saved_state["train_seconds"] - saved_state["valid_seconds"], 0.0))
+            self.state = {**self.state, **saved_state}
             log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
         self.lengths = [(len(s), len(t)) for s, t in self.train_examples]
         self._writer = None
