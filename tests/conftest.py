@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,3 +38,22 @@ def random_batch(cfg: ModelConfig, batch=3, src_len=7, tgt_len=6, seed=1):
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory):
+    """A model trained on the demo's grammar (the demo's config, 250 updates, no validation):
+    it translates "el gato negro come el ratón" as "the black cat eats the mouse"."""
+    from atencion.demo import grammar
+    from atencion.demo.run import DEFAULT_CONFIG
+    from atencion.train.config import load_config
+    from atencion.train.trainer import train
+
+    out = tmp_path_factory.mktemp("demo-model")
+    pairs, _ = grammar.split(5000, 10, seed=0)
+    files = grammar.write_corpus(pairs, out / "data", "train")
+    cfg = load_config(DEFAULT_CONFIG, [f"data.train_src={files['es']}", f"data.train_tgt={files['en']}",
+                                       "train.max_steps=250", "train.time_limit_minutes=0", "train.progress=false",
+                                       "train.tensorboard=false", "train.keep_last=1"])
+    summary = train(cfg, out / "run")
+    return Path(summary["last_checkpoint"])

@@ -240,6 +240,26 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    """Serve models over HTTP: POST /translate (batched with the requests that arrive with it),
+    GET /info, /health, /metrics (Prometheus), and the attention explorer at /. Stops on Ctrl-C or
+    SIGTERM after answering the requests in flight."""
+    import os
+
+    import torch
+
+    from .serve.app import ServeSettings
+    from .serve.run import load_models, serve
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
+                             max_sentences=args.max_sentences, max_tokens=args.max_tokens,
+                             max_body_bytes=args.max_body_bytes, max_queue=args.max_queue,
+                             timeout_s=args.timeout, api_key=args.api_key or os.environ.get("ATENCION_API_KEY"))
+    serve(load_models(args.model, args.device), args.host, args.port, settings)
+
+
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
@@ -364,6 +384,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
     p.add_argument("--out", required=True, help="output directory, new or empty")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("serve", help="serve models over HTTP, with the attention explorer page",
+                       description=cmd_serve.__doc__)
+    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
+                   help="a model directory, optionally named (repeatable; the first is the default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_number(int, 0, highest=65535), default=8000, help="port (default: 8000)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
+                   help="source tokens decoded together at most (default: 4096)")
+    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0,
+                   help="how long a request waits for others to share its batch (default: 5)")
+    p.add_argument("--max-sentences", type=POSITIVE, default=64, help="sentences per request (default: 64)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=256, help="subword pieces per sentence (default: 256)")
+    p.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20,
+                   help="request body size; larger is answered 413 (default: 1 MiB)")
+    p.add_argument("--max-queue", type=POSITIVE, default=256,
+                   help="requests waiting per model; more are answered 429 with Retry-After (default: 256)")
+    p.add_argument("--timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=60.0,
+                   help="seconds per request, waiting included; then 504 (default: 60)")
+    p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
+                                     "endpoint but /health (default: $ATENCION_API_KEY, else none)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
     p.add_argument("--out", required=True, help="output model directory")

@@ -1,0 +1,1 @@
+"""`atencion serve`: an HTTP API with dynamic batching and limits, and the attention explorer page."""

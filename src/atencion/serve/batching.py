@@ -1,0 +1,176 @@
+"""Dynamic batching: requests that arrive together are decoded together.
+
+Each model has one worker thread (torch runs there, never in the event loop). A request becomes
+a job on the model's queue; the worker takes the oldest job, waits up to ``max_wait_ms`` for
+others with the same decoding settings, takes as many as fit in ``batch_tokens`` source tokens,
+decodes all their sentences in one call of ``translate_lines`` (which sorts them by length), and
+hands each job its part. So under concurrency the batch grows instead of requests queueing one
+behind another, and a lone request waits at most ``max_wait_ms`` more than it would alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..decode.translate import Translation, translate_lines
+from ..errors import AtencionError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """The settings a batch must share."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    nbest: int = 1
+
+
+@dataclass
+class Job:
+    sentences: list[str]
+    tokens: int                               # source pieces in all its sentences
+    options: DecodeOptions
+    done: Callable[[Any, BaseException | None], None]   # called once, from the worker thread
+    attention: bool = False
+    enqueued: float = field(default_factory=time.monotonic)
+    cancelled: bool = False                   # the client gave up (timeout): skip it
+
+
+class QueueFull(AtencionError):
+    """More jobs are queued than the server accepts (answered 429)."""
+
+
+class Batcher:
+    """The queue and worker thread of one model."""
+
+    def __init__(self, model, tokenizer, batch_tokens: int, max_wait_ms: float, max_queue: int,
+                 on_batch: Callable[[int, int], None] | None = None, name: str = "model"):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_tokens, self.max_wait, self.max_queue = batch_tokens, max_wait_ms / 1000, max_queue
+        self.on_batch = on_batch or (lambda sentences, tokens: None)
+        self._jobs: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name=f"batcher-{name}", daemon=True)
+        self._thread.start()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if len(self._jobs) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
+            self._jobs.append(job)
+            self._cv.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the jobs already queued, then end the worker."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # the worker --------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except BaseException as err:  # noqa: BLE001 - every job must hear back, whatever happened
+                log.exception("batch of %d requests failed", len(batch))
+                for job in batch:
+                    job.done(None, err)
+
+    def _next_batch(self) -> list[Job] | None:
+        with self._cv:
+            while not self._jobs:
+                if self._stopping:
+                    return None
+                self._cv.wait()
+            first = self._jobs[0]
+            deadline = first.enqueued + self.max_wait
+            # Wait for company until the deadline or until the budget is full.
+            while not self._stopping and time.monotonic() < deadline and self._fits() < self.batch_tokens:
+                self._cv.wait(max(deadline - time.monotonic(), 0))
+            batch, tokens, kept = [], 0, deque()
+            while self._jobs:
+                job = self._jobs.popleft()
+                if job.cancelled:
+                    continue
+                same = job.options == first.options or not batch
+                if same and (not batch or tokens + job.tokens <= self.batch_tokens):
+                    if not batch:
+                        first = job
+                    batch.append(job)
+                    tokens += job.tokens
+                else:
+                    kept.append(job)
+            self._jobs.extendleft(reversed(kept))
+            return batch
+
+    def _fits(self) -> int:
+        """Source tokens of the queued jobs that share the first job's settings."""
+        options = self._jobs[0].options
+        return sum(job.tokens for job in self._jobs if job.options == options and not job.cancelled)
+
+    def _run(self, batch: list[Job]) -> None:
+        if not batch:
+            return
+        o = batch[0].options
+        lines = [s for job in batch for s in job.sentences]
+        results = translate_lines(self.model, self.tokenizer, lines, o.beam, o.alpha, o.max_len_a, o.max_len_b,
+                                  batch_tokens=self.batch_tokens, nbest=o.nbest, source="request")
+        self.on_batch(len(lines), sum(job.tokens for job in batch))
+        start = 0
+        for job in batch:
+            mine = results[start: start + len(job.sentences)]
+            start += len(job.sentences)
+            try:
+                extra = [self._attention(s, hyps[0]) for s, hyps in zip(job.sentences, mine)] \
+                    if job.attention else None
+            except AtencionError as err:
+                job.done(None, err)
+                continue
+            job.done((mine, extra), None)
+
+    def _attention(self, sentence: str, best: Translation) -> dict[str, Any]:
+        from ..viz.attention import capture_attention, word_alignment
+        from ..viz.report import bertviz_data
+
+        attention = capture_attention(self.model, self.tokenizer, sentence, best.tokens)
+        words = attention.to_words()
+
+        def maps(a):
+            return {kind: {"rows": m.rows, "cols": m.cols, "weights": m.weights.round(5).tolist()}
+                    for kind, m in a.maps().items()}
+
+        return {"bertviz": bertviz_data(attention), "pieces": maps(attention), "words": maps(words),
+                "alignment": sorted([i, j] for i, j in word_alignment(attention.cross))}
+
+
+def resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+    """A ``done`` callback for a Job that settles ``future`` on its event loop."""
+    def done(result, error) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        loop.call_soon_threadsafe(settle)
+    return done
