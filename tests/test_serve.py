@@ -110,9 +110,9 @@ def test_attention_comes_back_in_the_bertviz_layout_with_words_and_alignment(url
 
 
 BAD = [
-    ("not json", b"{sentences: [", 400, "not valid JSON"),
-    ("not utf-8", b'{"sentences": ["el gato \xe9"]}', 400, "not UTF-8"),
-    ("nested too deep", b"[" * 100_000, 400, "nested too deeply"),
+    ("not json", b"{sentences: [", 422, "not valid JSON"),
+    ("not utf-8", b'{"sentences": ["el gato \xe9"]}', 422, "not UTF-8"),
+    ("nested too deep", b"[" * 100_000, 422, "nested too deeply"),
     ("a list, not an object", b'[["el gato"]]', 422, "body"),
     ("no sentences", b"{}", 422, "sentences: required field missing"),
     ("sentences not a list", b'{"sentences": "el gato"}', 422, "sentences"),

@@ -262,11 +262,11 @@ async def _parse(request: Request, schema: type[BaseModel]) -> BaseModel:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise Refused(400, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
+        raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
-        raise Refused(400, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
-        raise Refused(400, "the body is nested too deeply") from None
+        raise Refused(422, "the body is nested too deeply") from None
     try:
         return schema.model_validate(data)
     except ValidationError as err:
