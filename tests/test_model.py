@@ -8,10 +8,13 @@ import torch
 from atencion import ModelConfig, Transformer
 from conftest import random_batch, small_config, small_model
 
+KINDS = ["sinusoidal", "learned", "rope", "alibi", "t5"]
+
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_causal_mask_hides_the_future(norm_first):
-    model = small_model(norm_first=norm_first)
+@pytest.mark.parametrize("positional", KINDS)
+def test_causal_mask_hides_the_future(norm_first, positional):
+    model = small_model(norm_first=norm_first, positional=positional)
     src, tgt = random_batch(model.cfg)
     logits = model(src, tgt)
     t = 2
@@ -23,8 +26,9 @@ def test_causal_mask_hides_the_future(norm_first):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_extra_padding_changes_nothing(norm_first):
-    model = small_model(norm_first=norm_first)
+@pytest.mark.parametrize("positional", KINDS)
+def test_extra_padding_changes_nothing(norm_first, positional):
+    model = small_model(norm_first=norm_first, positional=positional)
     src, tgt = random_batch(model.cfg)
     logits = model(src, tgt)
     pad = model.cfg.pad_id
@@ -45,12 +49,13 @@ def test_source_padding_is_not_attended_to():
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_on_real_positions_only_equals_the_padded_encoder(norm_first):
+@pytest.mark.parametrize("positional", KINDS)
+def test_encoder_on_real_positions_only_equals_the_padded_encoder(norm_first, positional):
     """With ``pack`` the encoder computes on the real positions only: the same output there, and
     zeros at the padding (so the packed path did run); the same gradients for a loss that reads
     the real positions; and the same logits from the whole model, which packs, as from its
     unpacked path (``return_attention`` turns packing off)."""
-    model = small_model(norm_first=norm_first)
+    model = small_model(norm_first=norm_first, positional=positional)
     src, tgt = random_batch(model.cfg, batch=4, src_len=9)
     mask = model.padding_mask(src)
     real = mask[:, 0, 0]
@@ -74,6 +79,7 @@ def test_encoder_on_real_positions_only_equals_the_padded_encoder(norm_first):
 @pytest.mark.parametrize("overrides", [
     {}, {"norm_first": True}, {"positional": "learned"}, {"share_embeddings": False, "tie_output": False,
                                                           "tgt_vocab_size": 30, "output_bias": True},
+    {"positional": "rope"}, {"positional": "alibi"}, {"positional": "t5"}, {"positional": "t5", "norm_first": True},
 ])
 def test_incremental_decoding_with_kv_cache_equals_full_forward(overrides):
     model = small_model(**overrides)
@@ -211,7 +217,8 @@ def test_weights_that_do_not_match_the_config_are_reported(tmp_path):
         Transformer.load(tmp_path / "m")
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}])
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}, {"positional": "rope"}, {"positional": "alibi"},
+                                       {"positional": "t5"}])
 def test_beam_state_shares_caches_and_follows_reordered_hypotheses(overrides):
     """With group > 1 the beams of a sentence share one self-attention cache and attend to
     their ancestors through a mask; after re-rankings (a two-token prefix, then steps) and a

@@ -31,8 +31,13 @@ class ModelConfig:
     attention_dropout: float = 0.0         # on the attention weights (not in the paper's text)
     activation: str = "relu"               # "relu" (the paper, §3.3) or "gelu"
     norm_first: bool = False               # False: post-LN, the paper's; True: pre-LN
-    positional: str = "sinusoidal"         # "sinusoidal" (§3.5) or "learned" (Table 3, row E)
+    positional: str = "sinusoidal"         # absolute, added to the embeddings: "sinusoidal" (§3.5),
+                                           # "learned" (Table 3, row E); relative, inside self-attention:
+                                           # "rope", "alibi", "t5" (see nn/positional.py)
     max_positions: int = 1024              # rows of the learned table; sinusoids extend freely
+    rope_base: float = 10000.0             # RoPE: the angle of pair i at position m is m · base^(-2i/d_k)
+    relative_buckets: int = 32             # T5: buckets of relative position (half per direction in the encoder)
+    relative_max_distance: int = 128       # T5: distances beyond this share the last bucket
     scale_embedding: bool = True           # embeddings multiplied by sqrt(d_model) (§3.4)
     share_embeddings: bool = True          # one table for source and target tokens
     tie_output: bool = True                # the pre-softmax projection uses the target table
@@ -66,7 +71,16 @@ class ModelConfig:
             if not isinstance(getattr(self, key), bool):
                 raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
         _require_choice("activation", self.activation, ("relu", "gelu"))
-        _require_choice("positional", self.positional, ("sinusoidal", "learned"))
+        _require_choice("positional", self.positional, ("sinusoidal", "learned", "rope", "alibi", "t5"))
+        if self.positional == "rope" and self.d_k % 2:
+            raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {self.d_k}")
+        if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
+            raise AtencionError(f"rope_base must be a number > 1, got {self.rope_base!r}")
+        for key in ("relative_buckets", "relative_max_distance"):
+            _require_positive_int(key, getattr(self, key))
+        if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
+            raise AtencionError(f"relative_buckets ({self.relative_buckets}) must be >= 4 and below twice "
+                                f"relative_max_distance ({self.relative_max_distance})")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise AtencionError(
                 f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
@@ -121,7 +135,7 @@ class ModelConfig:
         if "vocab_size" not in values:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
-        for key in ("dropout", "attention_dropout", "layer_norm_eps"):  # YAML 1.1 reads 1e-5 as a string
+        for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base"):  # YAML 1.1: 1e-5 is a string
             if isinstance(values.get(key), str):
                 try:
                     values[key] = float(values[key])

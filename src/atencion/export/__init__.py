@@ -3,12 +3,14 @@
 Each exporter takes an atencion ``Transformer`` (and its ``Tokenizer``, when there is one) and
 writes a directory that works on its own; each is tested to compute what atencion computes.
 
+Every format refuses relative positions (``positional`` rope, alibi or t5) for now.
+
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
-  in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
+  else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
 * ``hf``: a MarianMTModel (config.json, generation_config.json, model.safetensors); refuses
   pre-LN, learned positions and a LayerNorm ε other than 1e-5.
 * ``onnx``: encoder.onnx, decoder_step.onnx (one step with a key/value cache), config.json;
-  refuses nothing.
+  refuses nothing else.
 
 With a tokenizer, ctranslate2 and onnx also get spm*.model and tokenizer.json, and hf gets
 the MarianTokenizer files (source.spm, target.spm, vocab.json).
@@ -51,6 +53,9 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     from ..fileio import atomic_directory
 
     writer = _writer(fmt)
+    if model.cfg.positional not in ("sinusoidal", "learned"):
+        raise AtencionError(f"export to {fmt}: positional={model.cfg.positional!r} (relative positions) cannot be "
+                            f"exported yet; only sinusoidal and learned positions can")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AtencionError(f"--out {out} exists and is not an empty directory; choose a new or empty "

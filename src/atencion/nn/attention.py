@@ -7,12 +7,14 @@ A mask has four dimensions that broadcast to (batch, heads, queries, keys).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import AtencionError
+from .positional import rotate_half
 
 
 def scaled_dot_product_attention(
@@ -22,27 +24,36 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Eq. (1): softmax(Q Kᵀ / √d_k) V over tensors of shape (batch, heads, length, d_k).
+    """Eq. (1): softmax(Q Kᵀ / √d_k + B) V over tensors of shape (batch, heads, length, d_k).
 
-    Masked keys get exactly zero weight; a query whose keys are all masked gets zero weights
-    and a zero output (never NaN). With ``need_weights`` the explicit path runs and returns the
-    weights (batch, heads, queries, keys); otherwise torch's fused kernel runs and the weights
-    are ``None``. Both paths compute the same function.
+    ``bias`` B, a float tensor broadcastable to (batch, heads, queries, keys), is a relative
+    position term (ALiBi, T5); None for the paper's attention. Masked keys get exactly zero
+    weight; a query whose keys are all masked gets zero weights and a zero output (never NaN).
+    With ``need_weights`` the explicit path runs and returns the weights (batch, heads, queries,
+    keys); otherwise torch's fused kernel runs and the weights are ``None``. Both paths compute
+    the same function.
     """
     if need_weights:
-        return _explicit_attention(q, k, v, mask, dropout_p)
+        return _explicit_attention(q, k, v, mask, dropout_p, bias)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+        attn_mask = None if bias is None else bias.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None
     # A row with no visible key would be NaN in the fused kernel: let it see every key, then
     # zero its output, which is what the explicit path gives.
     visible = mask.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~visible, dropout_p=dropout_p)
+    allowed = mask | ~visible
+    if bias is not None:  # the fused kernel takes one float mask: the bias, -inf where not allowed
+        allowed = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     return out * visible, None
 
 
-def _explicit_attention(q, k, v, mask, dropout_p):
+def _explicit_attention(q, k, v, mask, dropout_p, bias=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -170,6 +181,21 @@ class Packing:
         return padded.view(self.batch, self.length, -1)
 
 
+@dataclass
+class RelativeTerms:
+    """What relative positions add to one self-attention call: RoPE's angles of the new positions
+    (cos, sin: (new, d_k)) and/or a score bias in the layout of the scores (1, heads, queries,
+    keys). A stack computes them once per forward pass, and every layer uses them."""
+
+    rotary: tuple[Tensor, Tensor] | None = None
+    bias: Tensor | None = None
+
+    def rotate(self, x: Tensor) -> Tensor:
+        """(x · cos) + (rotate_half(x) · sin): x turned by the angles of its positions."""
+        cos, sin = self.rotary
+        return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -198,19 +224,26 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         packing: Packing | None = None,
+        positions: RelativeTerms | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (batch, q_len, d_model) to itself, or to ``memory`` (cross).
 
         With a ``cache``, self-attention appends the new keys/values to it; cross-attention
         fills an empty cache from ``memory`` once and then reuses it (``memory`` may be None).
         With a ``packing`` (self-attention without a cache), ``x`` holds the real positions only,
-        (n, d_model), and so does the result.
+        (n, d_model), and so does the result. ``positions``: relative positions of self-attention
+        (RoPE turns the new queries and keys before they are cached; ALiBi and T5 add a bias).
         """
+        bias = None
         if not self.cross:
             projected = self.in_proj(x)
             if packing is not None:
                 projected = packing.unpack(projected)
             q, k, v = self._heads(projected, 3).unbind(0)
+            if positions is not None:
+                if positions.rotary is not None:
+                    q, k = positions.rotate(q), positions.rotate(k)
+                bias = positions.bias
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
@@ -231,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         if group > 1:  # several query rows per key row (beams of one sentence): stack their queries
             b, h, t, d = k.size(0), self.h, q.size(2), self.d_k
             q = q.view(b, group, h, t, d).transpose(1, 2).reshape(b, h, group * t, d)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, bias)
         if group > 1:
             out = out.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
             if weights is not None:

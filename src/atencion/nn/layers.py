@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention, Packing
+from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
 
 
@@ -52,10 +52,10 @@ class EncoderLayer(nn.Module):
         self.res_ffn = Residual(d_model, dropout, norm_first, eps)
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False,
-                packing: Packing | None = None):
+                packing: Packing | None = None, positions: RelativeTerms | None = None):
         """``x``: (batch, length, d_model), or with a ``packing`` its real positions (n, d_model)."""
         x, weights = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, need_weights=need_weights,
-                                                               packing=packing))
+                                                               packing=packing, positions=positions))
         x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
         return x, weights
 
@@ -82,9 +82,10 @@ class DecoderLayer(nn.Module):
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         need_weights: bool = False,
+        positions: RelativeTerms | None = None,
     ):
         x, self_weights = self.res_self(x, lambda y: self.self_attn(
-            y, mask=self_mask, cache=self_cache, need_weights=need_weights))
+            y, mask=self_mask, cache=self_cache, need_weights=need_weights, positions=positions))
         x, cross_weights = self.res_cross(x, lambda y: self.cross_attn(
             y, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights))
         x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))

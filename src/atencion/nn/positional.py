@@ -1,4 +1,6 @@
-"""Token embeddings (§3.4) and positional encodings (§3.5)."""
+"""Token embeddings (§3.4) and positional encodings: the paper's absolute ones, added to the
+embeddings (§3.5: sinusoidal; Table 3 row E: learned), and the relative ones of later models,
+applied inside attention (RoPE, ALiBi, T5's bucketed bias)."""
 
 from __future__ import annotations
 
@@ -66,3 +68,117 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return nn.functional.embedding(ids, self.weight) * self.scale
+
+
+# relative positions: inside attention instead of added to the embeddings ---------------------------
+#
+# A relative kind acts on every self-attention layer through two hooks: ``rotate`` (RoPE turns
+# queries and keys by their positions before the dot product) and ``bias`` (ALiBi and T5 add a
+# float (heads, queries, keys) term to the scores). Cross-attention relates two different
+# sequences, so none of them touches it.
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) → (−x2, x1) on the two halves of the last dimension (the layout of GPT-NeoX and
+    Llama in Hugging Face: feature i pairs with feature i + d/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RotaryPositions(nn.Module):
+    """RoPE (Su et al. 2021): the pair (i, i + d_k/2) of a query or key at position m is turned
+    by the angle m · base^(−2i/d_k), so q_m · k_n depends on m − n only."""
+
+    def __init__(self, d_k: int, base: float = 10000.0):
+        super().__init__()
+        if d_k % 2:
+            raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {d_k}")
+        inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin, (length, d_k), for integer ``positions`` (length,)."""
+        freqs = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> None:
+        return None
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi (Press et al. 2022): the geometric sequence starting at 2^(−8/n) with that ratio, for
+    n a power of two (8 heads: 1/2, 1/4, …, 1/256); otherwise the slopes of the closest lower
+    power of two, then every other slope of the next power of two."""
+    def powers(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = powers(closest)
+    if closest < n_heads:
+        slopes += powers(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+
+
+class AlibiPositions(nn.Module):
+    """ALiBi: score(i, j) − slope_h · distance(i, j). Causal attention sees keys j ≤ i, distance
+    i − j (Bloom's form, up to a constant per row that softmax ignores); bidirectional attention
+    (an encoder) takes |i − j|."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:
+        distance = (q_pos[:, None] - k_pos[None, :]).float()
+        if not causal:
+            distance = distance.abs()
+        return -self.slopes[:, None, None] * distance
+
+
+def t5_bucket(relative: Tensor, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bucket of each relative position (key − query): exact buckets for small distances,
+    logarithmic ones up to ``max_distance``, one bucket beyond. Bidirectional attention spends
+    half the buckets on each sign; causal attention only looks back."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0).long() * num_buckets
+        relative = relative.abs()
+    else:
+        relative = -torch.clamp(relative, max=0)
+    exact = num_buckets // 2
+    small = relative < exact
+    log_ratio = torch.log(relative.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = exact + (log_ratio * (num_buckets - exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(small, relative, large)
+
+
+class T5Positions(nn.Module):
+    """T5 (Raffel et al. 2020): a learned scalar per head and bucket of relative position, added to
+    the scores; one table per stack, used by every layer of it."""
+
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.weight = nn.Parameter(torch.empty(num_buckets, n_heads))
+        nn.init.normal_(self.weight, std=n_heads ** -0.5)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:
+        buckets = t5_bucket(k_pos[None, :] - q_pos[:, None], not causal, self.num_buckets, self.max_distance)
+        return self.weight[buckets].permute(2, 0, 1)  # (heads, queries, keys)
+
+
+ABSOLUTE, RELATIVE = ("sinusoidal", "learned"), ("rope", "alibi", "t5")
+
+
+def relative_positions(cfg) -> nn.Module | None:
+    """The relative-position module of one stack for ``cfg.positional``, or None (absolute kinds)."""
+    if cfg.positional == "rope":
+        return RotaryPositions(cfg.d_k, cfg.rope_base)
+    if cfg.positional == "alibi":
+        return AlibiPositions(cfg.n_heads)
+    if cfg.positional == "t5":
+        return T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)
+    return None

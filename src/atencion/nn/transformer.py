@@ -12,19 +12,37 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write, atomic_write_bytes
-from .attention import BeamKVCache, KVCache, Packing, check_mask
+from .attention import BeamKVCache, KVCache, Packing, RelativeTerms, check_mask
 from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer
-from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from .positional import (
+    LearnedPositionalEmbedding,
+    RotaryPositions,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    relative_positions,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def _positions(cfg: ModelConfig) -> nn.Module:
+def _positions(cfg: ModelConfig) -> nn.Module | None:
+    """The absolute positions added to the embeddings; None for a relative kind."""
     if cfg.positional == "learned":
         return LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions)
-    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+    if cfg.positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+    return None
+
+
+def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: bool,
+                    rotary_pos: Tensor) -> RelativeTerms:
+    """The relative-position terms of one stack's self-attention: queries at ``q_pos`` and keys
+    at ``k_pos`` in the layout of the scores, new tokens at ``rotary_pos`` (RoPE)."""
+    if isinstance(relative, RotaryPositions):
+        return RelativeTerms(rotary=relative.angles(rotary_pos))
+    return RelativeTerms(bias=relative.bias(q_pos, k_pos, causal)[None])
 
 
 def _layer_args(cfg: ModelConfig) -> tuple:
@@ -46,6 +64,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
+        self.relative = relative_positions(cfg)
         self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(*_layer_args(cfg)) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
@@ -55,7 +74,13 @@ class Encoder(nn.Module):
         attention weights. With ``pack`` (and a key-padding ``mask``, (batch, 1, 1, src_len)),
         the layers compute on the real positions only and the output is zero at the masked ones;
         nothing reads them, as the mask hides them from every query."""
-        x = self.embed(src_ids) + self.positions(src_ids.size(1))
+        x = self.embed(src_ids)
+        if self.positions is not None:
+            x = x + self.positions(src_ids.size(1))
+        positions = None
+        if self.relative is not None:  # bidirectional: every query sees every key
+            where = torch.arange(src_ids.size(1), device=src_ids.device)
+            positions = _relative_terms(self.relative, where, where, False, where)
         packing = None
         if pack and not need_weights and mask is not None and mask.shape[1:3] == (1, 1) and not mask.all():
             packing = Packing(mask[:, 0, 0, :].expand(src_ids.shape))
@@ -63,7 +88,7 @@ class Encoder(nn.Module):
         x = self.dropout(x)
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights, packing)
+            x, weights = layer(x, mask, need_weights, packing, positions)
             attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -138,18 +163,31 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
+        self.relative = relative_positions(cfg)
         self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderLayer(*_layer_args(cfg)) for _ in range(cfg.decoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
     def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
         offset = state.offset if state is not None else 0
-        x = self.dropout(self.embed(tgt_ids) + self.positions(tgt_ids.size(1), offset))
+        length = tgt_ids.size(1)
+        x = self.embed(tgt_ids)
+        if self.positions is not None:
+            x = x + self.positions(length, offset)
+        x = self.dropout(x)
+        positions = None
+        if self.relative is not None:
+            new = torch.arange(offset, offset + length, device=tgt_ids.device)
+            keys = torch.arange(offset + length, device=tgt_ids.device)
+            group = state.group if state is not None else 1
+            # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
+            positions = _relative_terms(self.relative, new.repeat(group), keys.repeat_interleave(group), True, new)
         self_attn, cross_attn = [], []
         for i, layer in enumerate(self.layers):
             self_cache = state.self_caches[i] if state is not None else None
             cross_cache = state.cross_caches[i] if state is not None else None
-            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, self_cache, cross_cache, need_weights)
+            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, self_cache, cross_cache, need_weights,
+                                       positions)
             self_attn.append(w_self)
             cross_attn.append(w_cross)
         if self.final_norm is not None:

@@ -1,0 +1,93 @@
+"""Is this checkout slower than another one? Training steps and beam search of the same model,
+old and new taking turns in one process, with the ratio taken pair by pair.
+
+    git worktree add /tmp/old HEAD~3
+    python benchmarks/ab_versions.py /tmp/old/src            # 12 pairs, about a minute on 2 cores
+
+The other checkout's package is copied as ``atencion_old`` (its imports are relative, so both
+live side by side); both models get the same weights and must give the same beams. Across
+processes this machine's noise (±20%) hides a few percent, so the comparison alternates inside
+one process. Prints, for time new/old, the median and range of the pairs (below 1: faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("old_src", help="the src/ directory of the other checkout (it holds atencion/)")
+    parser.add_argument("--pairs", type=int, default=12, help="alternations (default: 12)")
+    parser.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
+    parser.add_argument("--vocab", type=int, default=8000, help="vocabulary (default: 8000)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    args = parser.parse_args()
+    package = Path(args.old_src) / "atencion"
+    if not (package / "__init__.py").is_file():
+        sys.exit(f"{args.old_src}: no atencion package there (give the other checkout's src/)")
+    holder = Path(tempfile.mkdtemp())
+    shutil.copytree(package, holder / "atencion_old")
+    sys.path.insert(0, str(holder))
+
+    import atencion_old
+    import torch
+    from atencion_old.decode.search import beam_search as old_beam
+    from atencion_old.train.loss import generator_loss as old_loss
+
+    import atencion
+    from atencion.decode.search import beam_search as new_beam
+    from atencion.train.loss import generator_loss as new_loss
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    new = atencion.Transformer(atencion.ModelConfig.preset(args.preset, vocab_size=args.vocab))
+    old = atencion_old.Transformer(atencion_old.ModelConfig.preset(args.preset, vocab_size=args.vocab))
+    old.load_state_dict(new.state_dict())
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, args.vocab, (64, 24), generator=g)
+    src[32:, 18:] = 0
+    tgt = torch.randint(4, args.vocab, (64, 26), generator=g)
+    tgt[:, 0] = 2
+    tgt[40:, 20:] = 0
+    out = tgt.roll(-1, 1)
+
+    def train_steps(model, loss_fn, n=3):
+        model.train()
+        for _ in range(n):
+            hidden = model(src, tgt, select=out != 0, project=False)
+            loss, _ = loss_fn(hidden, model.generator.weight, None, out[out != 0], 0, 0.1)
+            loss.backward()
+
+    @torch.no_grad()
+    def decode(model, beam_fn):
+        model.eval()
+        return beam_fn(model, src[:32], 4, 0.6, 0, 25)
+
+    def timed(f) -> float:
+        began = time.perf_counter()
+        f()
+        return time.perf_counter() - began
+
+    same = [[h.tokens for h in x] for x in decode(new, new_beam)] == [[h.tokens for h in x] for x in
+                                                                      decode(old, old_beam)]
+    train_ratio, decode_ratio = [], []
+    for _ in range(args.pairs):
+        decode_ratio.append(timed(lambda: decode(new, new_beam)) / timed(lambda: decode(old, old_beam)))
+        train_ratio.append(timed(lambda: train_steps(new, new_loss)) / timed(lambda: train_steps(old, old_loss)))
+    print(f"same beams: {same}; preset {args.preset}, vocabulary {args.vocab}, {args.threads} threads")
+    for name, r in (("training (3 steps, 64 x 24/26 tokens)", train_ratio),
+                    ("beam search (32 sentences, beam 4)", decode_ratio)):
+        print(f"{name}: time new/old median {statistics.median(r):.3f} (range {min(r):.3f}-{max(r):.3f}, "
+              f"{len(r)} pairs)")
+    shutil.rmtree(holder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
