@@ -36,7 +36,7 @@ def _torch_transformer_from(model) -> nn.Transformer:
         for theirs, ours in zip(encoder.layers, model.encoder.layers):
             _copy_attention(theirs.self_attn, ours.self_attn)
             _copy_ffn(theirs, ours)
-            theirs.norm1.load_state_dict(ours.res_attn.norm.state_dict())
+            theirs.norm1.load_state_dict(ours.res_self.norm.state_dict())
             theirs.norm2.load_state_dict(ours.res_ffn.norm.state_dict())
         for theirs, ours in zip(decoder.layers, model.decoder.layers):
             _copy_attention(theirs.self_attn, ours.self_attn)

@@ -13,14 +13,17 @@ from .errors import AtencionError
 
 @dataclass
 class ModelConfig:
-    """Hyper-parameters of the encoder-decoder Transformer, named as in the paper.
+    """Hyper-parameters of a Transformer of the family, named as in the paper.
 
-    ``vocab_size`` is the source vocabulary (and the target one unless ``tgt_vocab_size`` is
-    set). ``n_layers`` is the paper's N for the encoder, and for the decoder unless
-    ``n_decoder_layers`` is set.
+    ``arch`` is the paper's ``encoder-decoder`` (the default), ``encoder`` (BERT: bidirectional
+    self-attention, a masked-LM head) or ``decoder`` (GPT: causal self-attention, no
+    cross-attention, a tied LM head). ``vocab_size`` is the source vocabulary (and the target
+    one unless ``tgt_vocab_size`` is set). ``n_layers`` is the paper's N for the encoder, and for
+    the decoder unless ``n_decoder_layers`` is set.
     """
 
     vocab_size: int
+    arch: str = "encoder-decoder"          # "encoder-decoder" | "encoder" (BERT) | "decoder" (GPT)
     tgt_vocab_size: int | None = None
     n_layers: int = 6                      # N
     n_decoder_layers: int | None = None
@@ -29,8 +32,9 @@ class ModelConfig:
     n_heads: int = 8                       # h; d_k = d_v = d_model / h
     dropout: float = 0.1                   # P_drop: sub-layer outputs and embeddings + positions
     attention_dropout: float = 0.0         # on the attention weights (not in the paper's text)
-    activation: str = "relu"               # "relu" (the paper, §3.3) or "gelu"
+    activation: str = "relu"               # "relu" (the paper, §3.3), "gelu" (BERT), "gelu-tanh" (GPT-2)
     norm_first: bool = False               # False: post-LN, the paper's; True: pre-LN
+    norm: str = "layernorm"                # "layernorm" or "rmsnorm" (T5)
     positional: str = "sinusoidal"         # absolute, added to the embeddings: "sinusoidal" (§3.5),
                                            # "learned" (Table 3, row E); relative, inside self-attention:
                                            # "rope", "alibi", "t5" (see nn/positional.py)
@@ -44,6 +48,12 @@ class ModelConfig:
     output_bias: bool = False              # a bias on the logits (Marian has one)
     bias: bool = True                      # biases in the attention and feed-forward projections
     layer_norm_eps: float = 1e-5
+    scale_attention: bool = True           # divide the scores by √d_k (eq. 1); T5 does not
+    scale_output: bool = False             # T5: the decoder output × d_model^-0.5 before the tied projection
+    embedding_norm: bool = False           # BERT: a LayerNorm on embeddings + positions (+ token types)
+    type_vocab_size: int = 0               # BERT: token-type (segment) embeddings; 0: none
+    num_labels: int = 0                    # a sequence-classification head with this many labels; 0: none
+    pooling: str = "first"                 # its input: the "first" token's output or the "mean" over real tokens
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -67,10 +77,23 @@ class ModelConfig:
                 raise AtencionError(f"{key} must be a number in [0, 1), got {value!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
             raise AtencionError(f"layer_norm_eps must be a number in (0, 1), got {self.layer_norm_eps!r}")
-        for key in ("norm_first", "scale_embedding", "share_embeddings", "tie_output", "output_bias", "bias"):
+        for key in ("norm_first", "scale_embedding", "share_embeddings", "tie_output", "output_bias", "bias",
+                    "scale_attention", "scale_output", "embedding_norm"):
             if not isinstance(getattr(self, key), bool):
                 raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
-        _require_choice("activation", self.activation, ("relu", "gelu"))
+        _require_choice("arch", self.arch, ARCHS)
+        _require_choice("activation", self.activation, ("relu", "gelu", "gelu-tanh"))
+        _require_choice("norm", self.norm, ("layernorm", "rmsnorm"))
+        _require_choice("pooling", self.pooling, ("first", "mean"))
+        for key in ("type_vocab_size", "num_labels"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise AtencionError(f"{key} must be an integer >= 0, got {value!r}")
+        if self.arch != "encoder-decoder" and (self.tgt_vocab_size is not None or self.n_decoder_layers is not None):
+            raise AtencionError(f"arch {self.arch!r} has one stack and one vocabulary: tgt_vocab_size and "
+                                f"n_decoder_layers are for arch 'encoder-decoder'")
+        if self.arch != "encoder" and self.type_vocab_size:
+            raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
         _require_choice("positional", self.positional, ("sinusoidal", "learned", "rope", "alibi", "t5"))
         if self.positional == "rope" and self.d_k % 2:
             raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {self.d_k}")
@@ -112,7 +135,8 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
-        """A named configuration: ``base`` and ``big`` (Table 3) or ``tiny`` (Transformer-Tiny)."""
+        """A named configuration: ``base`` and ``big`` (Table 3), ``tiny`` (Transformer-Tiny),
+        ``bert-base``, ``bert-tiny``, ``gpt2``, ``gpt-tiny``, ``t5-small``, ``t5-tiny``."""
         if not isinstance(name, str) or name not in PRESETS:
             raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=None)
@@ -156,13 +180,33 @@ class ModelConfig:
         return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
+ARCHS = ("encoder-decoder", "encoder", "decoder")
+
+_BERT = dict(arch="encoder", activation="gelu", positional="learned", max_positions=512, type_vocab_size=2,
+             embedding_norm=True, layer_norm_eps=1e-12, scale_embedding=False, dropout=0.1)
+_GPT = dict(arch="decoder", activation="gelu-tanh", positional="learned", max_positions=1024, norm_first=True,
+            scale_embedding=False, dropout=0.1)
+_T5 = dict(positional="t5", norm="rmsnorm", norm_first=True, bias=False, scale_attention=False,
+           scale_embedding=False, scale_output=True, layer_norm_eps=1e-6, dropout=0.1)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
     "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1),
     "big": dict(n_layers=6, d_model=1024, d_ff=4096, n_heads=16, dropout=0.3),
     # Transformer-Tiny on Multi30k (Wu et al., ACL 2021).
     "tiny": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
+    # BERT (Devlin et al. 2019): 110M with the 30,522 WordPiece vocabulary; BERT-Tiny (Turc et al. 2019).
+    "bert-base": dict(_BERT, n_layers=12, d_model=768, d_ff=3072, n_heads=12),
+    "bert-tiny": dict(_BERT, n_layers=2, d_model=128, d_ff=512, n_heads=2),
+    # GPT-2 small (Radford et al. 2019): 124M with its 50,257-token vocabulary; a CPU-sized one.
+    "gpt2": dict(_GPT, n_layers=12, d_model=768, d_ff=3072, n_heads=12),
+    "gpt-tiny": dict(_GPT, n_layers=4, d_model=128, d_ff=512, n_heads=4, max_positions=256),
+    # T5 (Raffel et al. 2020): t5-small, 60M with its 32,128-token vocabulary; a CPU-sized one.
+    "t5-small": dict(_T5, n_layers=6, d_model=512, d_ff=2048, n_heads=8),
+    "t5-tiny": dict(_T5, n_layers=2, d_model=128, d_ff=512, n_heads=4),
 }
+PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
+             "t5-small": (32128, "60M")}  # vocabulary and the parameter count their papers give
 
 
 def _require_positive_int(key: str, value: Any) -> None:

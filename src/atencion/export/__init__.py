@@ -3,7 +3,8 @@
 Each exporter takes an atencion ``Transformer`` (and its ``Tokenizer``, when there is one) and
 writes a directory that works on its own; each is tested to compute what atencion computes.
 
-Every format refuses relative positions (``positional`` rope, alibi or t5) for now.
+Every format takes the paper's translator only for now: it refuses relative positions (rope,
+alibi, t5), the single-stack archs, RMSNorm, unscaled attention and T5's scaled output.
 
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
   else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
@@ -53,9 +54,16 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     from ..fileio import atomic_directory
 
     writer = _writer(fmt)
-    if model.cfg.positional not in ("sinusoidal", "learned"):
-        raise AtencionError(f"export to {fmt}: positional={model.cfg.positional!r} (relative positions) cannot be "
+    cfg = model.cfg
+    if cfg.positional not in ("sinusoidal", "learned"):
+        raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
                             f"exported yet; only sinusoidal and learned positions can")
+    unsupported = {"arch": ("encoder-decoder",), "norm": ("layernorm",), "activation": ("relu", "gelu"),
+                   "scale_attention": (True,), "scale_output": (False,)}
+    for key, allowed in unsupported.items():
+        if getattr(cfg, key) not in allowed:
+            raise AtencionError(f"export to {fmt}: {key}={getattr(cfg, key)!r} cannot be exported yet; the "
+                                f"exporters take the paper's translator ({key} {' or '.join(map(repr, allowed))})")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AtencionError(f"--out {out} exists and is not an empty directory; choose a new or empty "

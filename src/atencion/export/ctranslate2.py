@@ -126,7 +126,7 @@ def build_spec(model, tokenizer=None):
     spec.encoder.embeddings[0].weight = _numpy(enc.embed.weight)
     spec.decoder.embeddings.weight = _numpy(dec.embed.weight)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
-        _self_attention(layer_spec.self_attention, layer.self_attn, layer.res_attn.norm)
+        _self_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.res_ffn.norm)
     for layer_spec, layer in zip(spec.decoder.layer, dec.layers):
         _self_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)

@@ -57,7 +57,7 @@ class OnnxEncoder(nn.Module):
         mask = (src_ids != self.pad_id)[:, None, None, :]
         x = self.encoder.embed(src_ids) + self.positions[: src_ids.size(1)]
         for layer in self.encoder.layers:
-            x, _ = layer(x, mask)
+            x, _, _ = layer(x, mask)
         if self.encoder.final_norm is not None:
             x = self.encoder.final_norm(x)
         return x
@@ -84,7 +84,7 @@ class OnnxDecoderStep(nn.Module):
         for i, layer in enumerate(self.decoder.layers):
             cache = KVCache()
             cache.k, cache.v = past_keys[i], past_values[i]
-            x, _, _ = layer(x, memory, self_mask, memory_mask, self_cache=cache)
+            x, _, _ = layer(x, self_mask, memory, memory_mask, self_cache=cache)
             keys.append(cache.k)
             values.append(cache.v)
         if self.decoder.final_norm is not None:

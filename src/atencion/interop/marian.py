@@ -77,7 +77,7 @@ def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(cfg.n_layers):
         ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
         pairs += [("attention", f"{ours}.self_attn", f"{theirs}.self_attn"),
-                  ("norm", f"{ours}.res_attn.norm", f"{theirs}.self_attn_layer_norm"),
+                  ("norm", f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm"),
                   ("ffn", f"{ours}.ffn", theirs),
                   ("norm", f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")]
     for i in range(cfg.decoder_layers):

@@ -25,6 +25,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Eq. (1): softmax(Q Kᵀ / √d_k + B) V over tensors of shape (batch, heads, length, d_k).
 
@@ -33,25 +34,26 @@ def scaled_dot_product_attention(
     weight; a query whose keys are all masked gets zero weights and a zero output (never NaN).
     With ``need_weights`` the explicit path runs and returns the weights (batch, heads, queries,
     keys); otherwise torch's fused kernel runs and the weights are ``None``. Both paths compute
-    the same function.
+    the same function. ``scale`` replaces 1/√d_k (T5 uses 1: it folds the scaling into its
+    initialisation).
     """
     if need_weights:
-        return _explicit_attention(q, k, v, mask, dropout_p, bias)
+        return _explicit_attention(q, k, v, mask, dropout_p, bias, scale)
     if mask is None:
         attn_mask = None if bias is None else bias.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale), None
     # A row with no visible key would be NaN in the fused kernel: let it see every key, then
     # zero its output, which is what the explicit path gives.
     visible = mask.any(dim=-1, keepdim=True)
     allowed = mask | ~visible
     if bias is not None:  # the fused kernel takes one float mask: the bias, -inf where not allowed
         allowed = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
     return out * visible, None
 
 
-def _explicit_attention(q, k, v, mask, dropout_p, bias=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+def _explicit_attention(q, k, v, mask, dropout_p, bias=None, scale=None):
+    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -206,12 +208,13 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
-                 bias: bool = True, cross: bool = False):
+                 bias: bool = True, cross: bool = False, scale: bool = True):
         super().__init__()
         if d_model % n_heads != 0:
             raise AtencionError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.h, self.d_k = d_model, n_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
+        self.scale = None if scale else 1.0  # None: eq. (1)'s 1/√d_k
         self.cross = cross
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -264,7 +267,7 @@ class MultiHeadAttention(nn.Module):
         if group > 1:  # several query rows per key row (beams of one sentence): stack their queries
             b, h, t, d = k.size(0), self.h, q.size(2), self.d_k
             q = q.view(b, group, h, t, d).transpose(1, 2).reshape(b, h, group * t, d)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, bias)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, bias, self.scale)
         if group > 1:
             out = out.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
             if weights is not None:

@@ -1,11 +1,27 @@
-"""The layers of §3.1: position-wise feed-forward (§3.3), residual + LayerNorm, encoder and decoder layers."""
+"""The layers of §3.1: position-wise feed-forward (§3.3), residual + normalization, and the one
+block every stack is built from (self-attention, cross-attention in a decoder that has an
+encoder, feed-forward)."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
+
+ACTIVATIONS = {
+    "relu": nn.functional.relu,                                               # the paper, §3.3
+    "gelu": nn.functional.gelu,                                               # BERT (erf form)
+    "gelu-tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),         # GPT-2's "gelu_new"
+}
+
+
+def make_norm(cfg) -> nn.Module:
+    """LayerNorm (the paper, BERT, GPT-2) or RMSNorm (T5: scale only, no mean, no bias)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
 
 class FeedForward(nn.Module):
@@ -15,21 +31,21 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation = {"relu": nn.functional.relu, "gelu": nn.functional.gelu}[activation]
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.activation(self.linear1(x)))
 
 
 class Residual(nn.Module):
-    """§5.4 and §3.1: LayerNorm(x + Dropout(Sublayer(x))) (post-LN, the paper's),
-    or x + Dropout(Sublayer(LayerNorm(x))) with ``norm_first`` (pre-LN)."""
+    """§5.4 and §3.1: Norm(x + Dropout(Sublayer(x))) (post-LN, the paper's),
+    or x + Dropout(Sublayer(Norm(x))) with ``norm_first`` (pre-LN)."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
+    def __init__(self, cfg):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm = make_norm(cfg)
+        self.dropout = Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, Tensor | None]:
         """``sublayer`` maps a tensor to (output, attention weights or None)."""
@@ -40,53 +56,47 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(out)), weights
 
 
-class EncoderLayer(nn.Module):
-    """§3.1: self-attention, then the feed-forward network, each inside a residual block."""
+class Block(nn.Module):
+    """§3.1: self-attention, then (in the decoder of an encoder-decoder) encoder-decoder
+    attention, then the feed-forward network, each inside a residual block. The encoder's
+    blocks (and BERT's) have no cross-attention; the decoder's self-attention is masked
+    (causal) by the mask the stack passes."""
 
-    def __init__(self, d_model, n_heads, d_ff, dropout, attention_dropout, activation,
-                 norm_first, eps, bias=True):
+    def __init__(self, cfg, cross: bool = False):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias)
-        self.ffn = FeedForward(d_model, d_ff, activation, bias)
-        self.res_attn = Residual(d_model, dropout, norm_first, eps)
-        self.res_ffn = Residual(d_model, dropout, norm_first, eps)
-
-    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False,
-                packing: Packing | None = None, positions: RelativeTerms | None = None):
-        """``x``: (batch, length, d_model), or with a ``packing`` its real positions (n, d_model)."""
-        x, weights = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, need_weights=need_weights,
-                                                               packing=packing, positions=positions))
-        x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
-        return x, weights
-
-
-class DecoderLayer(nn.Module):
-    """§3.1: masked self-attention, encoder-decoder attention, feed-forward; each residual."""
-
-    def __init__(self, d_model, n_heads, d_ff, dropout, attention_dropout, activation,
-                 norm_first, eps, bias=True):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias, cross=True)
-        self.ffn = FeedForward(d_model, d_ff, activation, bias)
-        self.res_self = Residual(d_model, dropout, norm_first, eps)
-        self.res_cross = Residual(d_model, dropout, norm_first, eps)
-        self.res_ffn = Residual(d_model, dropout, norm_first, eps)
+        heads = dict(attention_dropout=cfg.attention_dropout, bias=cfg.bias, scale=cfg.scale_attention)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, **heads)
+        self.res_self = Residual(cfg)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cross=True, **heads) if cross else None
+        self.res_cross = Residual(cfg) if cross else None
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.res_ffn = Residual(cfg)
 
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None,
         self_mask: Tensor | None,
-        memory_mask: Tensor | None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         need_weights: bool = False,
+        packing: Packing | None = None,
         positions: RelativeTerms | None = None,
-    ):
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``x``: (batch, length, d_model), or with a ``packing`` its real positions (n, d_model).
+        Returns the output and the self- and cross-attention weights (None unless asked)."""
         x, self_weights = self.res_self(x, lambda y: self.self_attn(
-            y, mask=self_mask, cache=self_cache, need_weights=need_weights, positions=positions))
-        x, cross_weights = self.res_cross(x, lambda y: self.cross_attn(
-            y, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights))
+            y, mask=self_mask, cache=self_cache, need_weights=need_weights, packing=packing, positions=positions))
+        cross_weights = None
+        if self.cross_attn is not None:
+            x, cross_weights = self.res_cross(x, lambda y: self.cross_attn(
+                y, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights))
         x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
         return x, self_weights, cross_weights
+
+
+def rename_legacy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights saved before the encoder's layers became Blocks named their self-attention's
+    residual ``res_attn``; it is ``res_self`` now."""
+    return {name.replace(".res_attn.", ".res_self."): value for name, value in state.items()}

@@ -1,4 +1,6 @@
-"""§3.1, Figure 1: the encoder, the decoder, the generator and the whole Transformer."""
+"""§3.1, Figure 1: the encoder, the decoder, the generator and the whole Transformer; and the
+family built from the same blocks: encoder-only (BERT, with its masked-LM head) and decoder-only
+(GPT, with a tied LM head), plus a sequence-classification head."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write, atomic_write_bytes
 from .attention import BeamKVCache, KVCache, Packing, RelativeTerms, check_mask
 from .dropout import Dropout
-from .layers import DecoderLayer, EncoderLayer
+from .layers import ACTIVATIONS, Block, make_norm, rename_legacy
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryPositions,
@@ -45,11 +47,6 @@ def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: b
     return RelativeTerms(bias=relative.bias(q_pos, k_pos, causal)[None])
 
 
-def _layer_args(cfg: ModelConfig) -> tuple:
-    return (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
-            cfg.activation, cfg.norm_first, cfg.layer_norm_eps, cfg.bias)
-
-
 def causal_mask(length: int, offset: int = 0, device=None) -> Tensor:
     """(1, 1, length, offset+length): query i (at position offset+i) sees keys 0 … offset+i."""
     keys = torch.arange(offset + length, device=device)
@@ -58,18 +55,23 @@ def causal_mask(length: int, offset: int = 0, device=None) -> Tensor:
 
 
 class Encoder(nn.Module):
-    """§3.1: a stack of N identical layers over embeddings + positions (with dropout, §5.4)."""
+    """§3.1: a stack of N identical layers over embeddings + positions (with dropout, §5.4).
+    BERT adds token-type embeddings and a LayerNorm on the sum (``type_vocab_size``,
+    ``embedding_norm``)."""
 
     def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
         self.relative = relative_positions(cfg)
+        self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(*_layer_args(cfg)) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
-    def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False):
+    def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False,
+                token_type_ids: Tensor | None = None):
         """The encoder output (batch, src_len, d_model) and, with ``need_weights``, each layer's
         attention weights. With ``pack`` (and a key-padding ``mask``, (batch, 1, 1, src_len)),
         the layers compute on the real positions only and the output is zero at the masked ones;
@@ -77,6 +79,10 @@ class Encoder(nn.Module):
         x = self.embed(src_ids)
         if self.positions is not None:
             x = x + self.positions(src_ids.size(1))
+        if self.token_types is not None:
+            x = x + self.token_types(token_type_ids if token_type_ids is not None else torch.zeros_like(src_ids))
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         positions = None
         if self.relative is not None:  # bidirectional: every query sees every key
             where = torch.arange(src_ids.size(1), device=src_ids.device)
@@ -88,7 +94,7 @@ class Encoder(nn.Module):
         x = self.dropout(x)
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights, packing, positions)
+            x, weights, _ = layer(x, mask, need_weights=need_weights, packing=packing, positions=positions)
             attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -157,16 +163,20 @@ class DecoderState:
 
 
 class Decoder(nn.Module):
-    """§3.1: a stack of N layers, each with masked self-attention and encoder-decoder attention."""
+    """§3.1: a stack of N layers, each with masked self-attention and encoder-decoder attention
+    (``cross``); without ``cross``, GPT's stack of masked self-attention alone."""
 
-    def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
+    def __init__(self, cfg: ModelConfig, embed: TokenEmbedding, cross: bool = True):
         super().__init__()
         self.embed = embed
         self.positions = _positions(cfg)
         self.relative = relative_positions(cfg)
+        # Bloom normalizes its embeddings too (decoder-only models only: BERT's is the encoder's)
+        self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) \
+            if cfg.embedding_norm and not cross else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(*_layer_args(cfg)) for _ in range(cfg.decoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.layers = nn.ModuleList(Block(cfg, cross=cross) for _ in range(cfg.decoder_layers))
+        self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
     def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
         offset = state.offset if state is not None else 0
@@ -174,6 +184,8 @@ class Decoder(nn.Module):
         x = self.embed(tgt_ids)
         if self.positions is not None:
             x = x + self.positions(length, offset)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         x = self.dropout(x)
         positions = None
         if self.relative is not None:
@@ -186,8 +198,8 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             self_cache = state.self_caches[i] if state is not None else None
             cross_cache = state.cross_caches[i] if state is not None else None
-            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, self_cache, cross_cache, need_weights,
-                                       positions)
+            x, w_self, w_cross = layer(x, self_mask, memory, memory_mask, self_cache, cross_cache, need_weights,
+                                       positions=positions)
             self_attn.append(w_self)
             cross_attn.append(w_cross)
         if self.final_norm is not None:
@@ -213,6 +225,42 @@ class Generator(nn.Module):
         return nn.functional.linear(x, self.weight, self.bias)
 
 
+class MaskedLMHead(nn.Module):
+    """BERT's masked-LM head: a dense transform, the activation, a LayerNorm, then the output
+    projection tied to the token embeddings, with a bias of its own."""
+
+    def __init__(self, cfg: ModelConfig, tied_weight: nn.Parameter):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.activation = ACTIVATIONS[cfg.activation]
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.weight = tied_weight
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(self.norm(self.activation(self.dense(x))), self.weight, self.bias)
+
+
+class ClassificationHead(nn.Module):
+    """Sequence classification: the output of the first token, or the mean over the real
+    tokens (``pooling``), through dropout and one linear layer to ``num_labels`` logits."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pooling = cfg.pooling
+        self.dropout = Dropout(cfg.dropout)
+        self.linear = nn.Linear(cfg.d_model, cfg.num_labels)
+
+    def forward(self, hidden: Tensor, real: Tensor) -> Tensor:
+        """``hidden`` (batch, length, d_model), ``real`` (batch, length) True at real tokens."""
+        if self.pooling == "first":
+            pooled = hidden[:, 0]
+        else:
+            weights = real.to(hidden.dtype)[:, :, None]
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return self.linear(self.dropout(pooled))
+
+
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 
@@ -227,12 +275,21 @@ class Transformer(nn.Module):
             raise AtencionError(f"Transformer(cfg): expected a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
-        tgt_embed = src_embed if cfg.share_embeddings else \
-            TokenEmbedding(cfg.target_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
-        self.encoder = Encoder(cfg, src_embed)
-        self.decoder = Decoder(cfg, tgt_embed)
-        self.generator = Generator(cfg.d_model, cfg.target_vocab_size, cfg.output_bias,
-                                   tgt_embed.weight if cfg.tie_output else None)
+        if cfg.arch == "encoder":
+            self.encoder = Encoder(cfg, src_embed)
+            self.mlm_head = MaskedLMHead(cfg, src_embed.weight)
+        elif cfg.arch == "decoder":
+            self.decoder = Decoder(cfg, src_embed, cross=False)
+            self.generator = Generator(cfg.d_model, cfg.vocab_size, cfg.output_bias,
+                                       src_embed.weight if cfg.tie_output else None)
+        else:
+            tgt_embed = src_embed if cfg.share_embeddings else \
+                TokenEmbedding(cfg.target_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
+            self.encoder = Encoder(cfg, src_embed)
+            self.decoder = Decoder(cfg, tgt_embed)
+            self.generator = Generator(cfg.d_model, cfg.target_vocab_size, cfg.output_bias,
+                                       tgt_embed.weight if cfg.tie_output else None)
+        self.classifier = ClassificationHead(cfg) if cfg.num_labels else None
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -241,10 +298,12 @@ class Transformer(nn.Module):
 
     # the forward pass ------------------------------------------------------------------------
 
-    def forward(self, src_ids: Tensor, tgt_in_ids: Tensor, src_mask: Tensor | None = None,
+    def forward(self, src_ids: Tensor, tgt_in_ids: Tensor | None = None, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None, return_attention: bool = False,
-                select: Tensor | None = None, project: bool = True):
-        """Teacher-forced logits (batch, tgt_len, vocab).
+                select: Tensor | None = None, project: bool = True, token_type_ids: Tensor | None = None):
+        """Teacher-forced logits (batch, tgt_len, vocab); for the single-stack archs,
+        ``model(input_ids)``: the masked-LM head's logits (``encoder``, bidirectional, padding
+        masked) or the next-token logits (``decoder``, causal), (batch, length, vocab).
 
         ``select``, a boolean (batch, tgt_len) mask, keeps only those positions: the result is
         (n_selected, vocab), so training skips the vocabulary projection of padding, its largest
@@ -252,6 +311,17 @@ class Transformer(nn.Module):
         loss that applies the generator itself, see train/loss.py). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
         "decoder" (masked self) and "cross"."""
+        if self.cfg.arch != "encoder-decoder":
+            if tgt_in_ids is not None:
+                raise AtencionError(f"a {self.cfg.arch}-only model takes one sequence: model(input_ids)")
+            hidden, attentions = self.hidden(src_ids, src_mask, return_attention, token_type_ids)
+            if select is not None:
+                hidden = hidden[select]
+            head = self.mlm_head if self.cfg.arch == "encoder" else self.generator
+            logits = head(hidden) if project else hidden
+            return (logits, attentions) if return_attention else logits
+        if tgt_in_ids is None:
+            raise AtencionError("an encoder-decoder model takes model(src_ids, tgt_in_ids)")
         # the encoder skips the source padding here (its output there is never read)
         memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention, pack=True)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
@@ -269,22 +339,55 @@ class Transformer(nn.Module):
                 raise AtencionError(f"select must be a boolean mask shaped like tgt_in_ids "
                                  f"{tuple(tgt_in_ids.shape)}, got {select.dtype} {tuple(select.shape)}")
             hidden = hidden[select]
+        if self.cfg.scale_output:
+            hidden = hidden * self.cfg.d_model ** -0.5
         logits = self.generator(hidden) if project else hidden
         if return_attention:
             return logits, {"encoder": enc_attn, "decoder": dec_attn, "cross": cross_attn}
         return logits
+
+    def hidden(self, input_ids: Tensor, mask: Tensor | None = None, return_attention: bool = False,
+               token_type_ids: Tensor | None = None) -> tuple[Tensor, dict[str, list]]:
+        """The single stack's output (batch, length, d_model) for ``encoder`` and ``decoder``
+        models, and its attention weights by kind when asked."""
+        if self.cfg.arch == "encoder":
+            memory, _, attentions = self._encode(input_ids, mask, return_attention, pack=not return_attention,
+                                                 token_type_ids=token_type_ids)
+            return memory, {"encoder": attentions}
+        self._check_ids("input_ids", input_ids, self.cfg.vocab_size)
+        length = input_ids.size(1)
+        mask = causal_mask(length, device=input_ids.device) if mask is None else mask
+        check_mask(mask, "mask", input_ids.size(0), length, length)
+        hidden, attentions, _ = self.decoder(input_ids, None, mask, None, need_weights=return_attention)
+        if self.cfg.scale_output:
+            hidden = hidden * self.cfg.d_model ** -0.5
+        return hidden, {"decoder": attentions}
+
+    def classify(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Sequence-classification logits (batch, num_labels), from the classification head."""
+        if self.classifier is None:
+            raise AtencionError("this model has no classification head (num_labels is 0)")
+        if self.cfg.arch == "encoder-decoder":
+            raise AtencionError("classification takes a single-stack model (arch encoder or decoder)")
+        hidden, _ = self.hidden(input_ids, token_type_ids=token_type_ids)
+        return self.classifier(hidden, input_ids != self.cfg.pad_id)
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The encoder output (batch, src_len, d_model) and the source mask it used."""
         memory, src_mask, _ = self._encode(src_ids, src_mask, False)
         return memory, src_mask
 
-    def _encode(self, src_ids, src_mask, need_weights, pack=False):
+    def _encode(self, src_ids, src_mask, need_weights, pack=False, token_type_ids=None):
         self._check_ids("src_ids", src_ids, self.cfg.vocab_size)
         if src_mask is None:
             src_mask = self.padding_mask(src_ids)
         check_mask(src_mask, "src_mask", src_ids.size(0), 1, src_ids.size(1))
-        memory, attentions = self.encoder(src_ids, src_mask, need_weights, pack)
+        if token_type_ids is not None:
+            self._check_ids("token_type_ids", token_type_ids, max(self.cfg.type_vocab_size, 1))
+            if token_type_ids.shape != src_ids.shape:
+                raise AtencionError(f"token_type_ids must be shaped like the input ids {tuple(src_ids.shape)}, "
+                                    f"got {tuple(token_type_ids.shape)}")
+        memory, attentions = self.encoder(src_ids, src_mask, need_weights, pack, token_type_ids)
         return memory, src_mask, attentions
 
     def padding_mask(self, ids: Tensor) -> Tensor:
@@ -293,11 +396,15 @@ class Transformer(nn.Module):
 
     # incremental decoding --------------------------------------------------------------------
 
-    def init_state(self, memory: Tensor, src_mask: Tensor, group: int = 1) -> DecoderState:
+    def init_state(self, memory: Tensor | None = None, src_mask: Tensor | None = None,
+                   group: int = 1) -> DecoderState:
         """A fresh decoding state; cross-attention keys/values are filled from ``memory`` on the
         first step. With ``group`` > 1 (a beam), each sentence of ``memory`` is decoded by
         ``group`` consecutive rows that share its cross-attention keys and values: they are
-        neither copied per beam nor reordered with the beams."""
+        neither copied per beam nor reordered with the beams. A decoder-only model takes no
+        ``memory``."""
+        if self.cfg.arch == "encoder":
+            raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
         n = len(self.decoder.layers)
         self_caches = [KVCache() if group == 1 else BeamKVCache(group) for _ in range(n)]
         return DecoderState(src_mask, self_caches, [KVCache() for _ in range(n)], memory=memory, group=group)
@@ -307,8 +414,12 @@ class Transformer(nn.Module):
         extending ``state``; equal to the full forward pass at those positions."""
         self._check_ids("tgt_ids", tgt_ids, self.cfg.target_vocab_size)
         self_mask = state.self_attention_mask(tgt_ids.size(0), tgt_ids.size(1), tgt_ids.device)
+        if self.cfg.arch == "encoder":
+            raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
         hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state)
         state.memory = None  # now in the cross-attention caches
+        if self.cfg.scale_output:
+            hidden = hidden * self.cfg.d_model ** -0.5
         return self.generator(hidden)
 
     # checks, sizes, files --------------------------------------------------------------------
@@ -366,7 +477,7 @@ class Transformer(nn.Module):
         if not path.is_file():
             raise MissingFileError(f"{path}: model weights not found")
         try:
-            tensors = load_file(str(path), device=str(map_location))
+            tensors = rename_legacy(load_file(str(path), device=str(map_location)))
         except Exception as err:  # safetensors raises its own error types for damaged files
             raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
         canonical = model._canonical_names()
