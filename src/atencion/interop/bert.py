@@ -1,0 +1,214 @@
+"""Import a Hugging Face BertForMaskedLM into an atencion Transformer, and export one back, exactly.
+
+atencion's BERT is ``ModelConfig(arch="encoder", activation="gelu", positional="learned",
+type_vocab_size=..., embedding_norm=True, scale_embedding=False, norm_first=False, ...)``; the
+``bert-base`` preset is BERT-Base. The weights map one to one, except that BERT keeps W^Q, W^K,
+W^V as three Linear layers where atencion stacks them as one ``in_proj`` [Q; K; V]:
+
+    atencion                              BertForMaskedLM
+    encoder.embed                         bert.embeddings.word_embeddings (= cls.predictions.decoder.weight)
+    encoder.positions                     bert.embeddings.position_embeddings
+    encoder.token_types                   bert.embeddings.token_type_embeddings
+    encoder.embed_norm                    bert.embeddings.LayerNorm
+    encoder.layers.i.self_attn.in_proj    bert.encoder.layer.i.attention.self.{query; key; value}
+    encoder.layers.i.self_attn.out_proj   bert.encoder.layer.i.attention.output.dense
+    encoder.layers.i.res_self.norm        bert.encoder.layer.i.attention.output.LayerNorm
+    encoder.layers.i.ffn.linear1          bert.encoder.layer.i.intermediate.dense
+    encoder.layers.i.ffn.linear2          bert.encoder.layer.i.output.dense
+    encoder.layers.i.res_ffn.norm         bert.encoder.layer.i.output.LayerNorm
+    mlm_head.dense, mlm_head.norm         cls.predictions.transform.dense, .LayerNorm
+    mlm_head.bias                         cls.predictions.decoder.bias (= cls.predictions.bias)
+
+BERT's quirks, and how they are handled:
+
+1. Padding: BERT attends to whatever ``attention_mask`` says (everything when it is omitted);
+   atencion masks the keys whose id is ``pad_id`` (= BERT's ``pad_token_id``). The two agree when
+   BERT is given ``attention_mask = input_ids != pad_token_id``. atencion's output at padding
+   positions is undefined (it skips them); only real positions compare.
+2. Token types: BERT always adds a token-type embedding (type 0 when none is given), so its
+   ``type_vocab_size`` is at least 1. A model without token types (``type_vocab_size=0``) is
+   exported with one all-zero type row, which adds nothing.
+3. The MLM head is tied to the word embeddings in atencion; a BERT whose decoder weight differs
+   from its word embeddings (``tie_word_embeddings=False``, trained apart) is refused. The head's
+   bias is the one its forward uses, ``cls.predictions.decoder.bias``.
+4. ``hidden_act`` is used by both the feed-forward layers and the MLM head's transform, as
+   atencion's ``activation`` is: "gelu" (erf), "relu", and the tanh approximation ("gelu_new",
+   "gelu_pytorch_tanh" → "gelu-tanh"; exported as "gelu_pytorch_tanh").
+5. Only training differs: BERT's word embeddings do not train their padding row
+   (``padding_idx``), atencion's do. No pooler: BertForMaskedLM has none.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..errors import AtencionError
+from ..nn.transformer import Transformer
+
+# BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
+HIDDEN_ACT = {"gelu": "gelu", "relu": "relu", "gelu-tanh": "gelu_pytorch_tanh"}
+
+
+def config_from_bert(hf_config) -> ModelConfig:
+    """The atencion config of a transformers.BertConfig; what atencion cannot compute raises
+    AtencionError naming the key."""
+    c = hf_config
+    model_type = getattr(c, "model_type", None)
+    if model_type != "bert":
+        raise AtencionError(f"BERT import: expected a BERT config (model_type 'bert'), got "
+                            f"{type(c).__name__} with model_type {model_type!r}")
+    if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
+        raise AtencionError("BERT config: is_decoder/add_cross_attention is set (causal or cross-attention); "
+                            "atencion imports the bidirectional encoder only")
+    position_type = getattr(c, "position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise AtencionError(f"BERT config: position_embedding_type={position_type!r}; atencion imports "
+                            f"'absolute' (learned) positions only")
+    if not isinstance(c.hidden_act, str) or c.hidden_act not in ACTIVATIONS:
+        raise AtencionError(f"BERT config: hidden_act={c.hidden_act!r}; atencion supports {sorted(ACTIVATIONS)}")
+    if c.pad_token_id is None:
+        raise AtencionError("BERT config: pad_token_id is None; atencion masks padding by a pad id, so it needs one")
+    eos = c.eos_token_id[0] if isinstance(c.eos_token_id, (list, tuple)) else c.eos_token_id
+    return ModelConfig(
+        vocab_size=c.vocab_size,
+        arch="encoder",
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        d_ff=c.intermediate_size,
+        n_heads=c.num_attention_heads,
+        dropout=float(c.hidden_dropout_prob),
+        attention_dropout=float(c.attention_probs_dropout_prob),
+        activation=ACTIVATIONS[c.hidden_act],
+        norm_first=False,
+        positional="learned",
+        max_positions=c.max_position_embeddings,
+        scale_embedding=False,
+        embedding_norm=True,
+        type_vocab_size=c.type_vocab_size,
+        layer_norm_eps=float(c.layer_norm_eps),
+        pad_id=c.pad_token_id,
+        bos_id=ModelConfig.bos_id if c.bos_token_id is None else c.bos_token_id,
+        eos_id=ModelConfig.eos_id if eos is None else eos,
+    )
+
+
+def check_bert(cfg: ModelConfig) -> None:
+    """Raise AtencionError, naming the first key, unless BertForMaskedLM can compute ``cfg``'s model."""
+    wrong = [
+        ("arch", cfg.arch != "encoder", "BERT is an encoder (arch 'encoder')"),
+        ("norm_first", cfg.norm_first, "BERT is post-LN (it normalizes after each residual sum)"),
+        ("norm", cfg.norm != "layernorm", "BERT uses LayerNorm"),
+        ("positional", cfg.positional != "learned", "BERT adds learned absolute positions ('learned')"),
+        ("embedding_norm", not cfg.embedding_norm, "BERT always normalizes its embeddings"),
+        ("scale_embedding", cfg.scale_embedding, "BERT does not scale its embeddings by sqrt(d_model)"),
+        ("scale_attention", not cfg.scale_attention, "BERT divides the attention scores by sqrt(d_k)"),
+        ("bias", not cfg.bias, "BERT's projections all have biases"),
+        ("activation", cfg.activation not in HIDDEN_ACT, f"BERT's hidden_act covers {sorted(HIDDEN_ACT)}"),
+        ("num_labels", cfg.num_labels != 0, "BertForMaskedLM has no classification head"),
+    ]
+    for key, bad, why in wrong:
+        if bad:
+            raise AtencionError(f"BERT export: {key}={getattr(cfg, key)!r}; {why}")
+
+
+def bert_config(cfg: ModelConfig):
+    """The transformers.BertConfig of an atencion model that :func:`check_bert` accepts."""
+    from transformers import BertConfig
+
+    check_bert(cfg)
+    return BertConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act=HIDDEN_ACT[cfg.activation],
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions,
+        type_vocab_size=max(cfg.type_vocab_size, 1),  # quirk 2: BERT always has a type 0
+        layer_norm_eps=cfg.layer_norm_eps,
+        pad_token_id=cfg.pad_id,
+        bos_token_id=cfg.bos_id,
+        eos_token_id=cfg.eos_id,
+        tie_word_embeddings=True,
+    )
+
+
+def parameter_pairs(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(atencion parameter, BERT parameters) for every parameter: one BERT name is copied as is,
+    three (query, key, value) are stacked along dim 0. The one table that both directions walk;
+    the tied output projection (``mlm_head.weight``) is the embedding table and is not listed."""
+    pairs = [("encoder.embed.weight", ("bert.embeddings.word_embeddings.weight",)),
+             ("encoder.positions.weight", ("bert.embeddings.position_embeddings.weight",))]
+    if cfg.type_vocab_size:
+        pairs.append(("encoder.token_types.weight", ("bert.embeddings.token_type_embeddings.weight",)))
+    for p in ("weight", "bias"):
+        pairs.append((f"encoder.embed_norm.{p}", (f"bert.embeddings.LayerNorm.{p}",)))
+    for i in range(cfg.n_layers):
+        ours, theirs = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
+        for p in ("weight", "bias"):
+            pairs += [
+                (f"{ours}.self_attn.in_proj.{p}", tuple(f"{theirs}.attention.self.{x}.{p}" for x in
+                                                        ("query", "key", "value"))),
+                (f"{ours}.self_attn.out_proj.{p}", (f"{theirs}.attention.output.dense.{p}",)),
+                (f"{ours}.res_self.norm.{p}", (f"{theirs}.attention.output.LayerNorm.{p}",)),
+                (f"{ours}.ffn.linear1.{p}", (f"{theirs}.intermediate.dense.{p}",)),
+                (f"{ours}.ffn.linear2.{p}", (f"{theirs}.output.dense.{p}",)),
+                (f"{ours}.res_ffn.norm.{p}", (f"{theirs}.output.LayerNorm.{p}",)),
+            ]
+    for p in ("weight", "bias"):
+        pairs += [(f"mlm_head.dense.{p}", (f"cls.predictions.transform.dense.{p}",)),
+                  (f"mlm_head.norm.{p}", (f"cls.predictions.transform.LayerNorm.{p}",))]
+    pairs.append(("mlm_head.bias", ("cls.predictions.decoder.bias",)))
+    return pairs
+
+
+def from_bert(hf_model) -> Transformer:
+    """An atencion Transformer (eval mode) computing the same MLM logits as ``hf_model``, a
+    transformers.BertForMaskedLM (see the module docstring for padding)."""
+    from transformers import BertForMaskedLM
+
+    if not isinstance(hf_model, BertForMaskedLM):
+        model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
+        raise AtencionError(f"BERT import: expected a transformers BertForMaskedLM, got "
+                            f"{type(hf_model).__name__} (model_type {model_type!r})")
+    cfg = config_from_bert(hf_model.config)
+    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    words = src["bert.embeddings.word_embeddings.weight"]
+    if not torch.equal(src["cls.predictions.decoder.weight"], words):
+        raise AtencionError("BERT import: cls.predictions.decoder.weight differs from the word embeddings "
+                            "(tie_word_embeddings=False); atencion's MLM head is tied to them")
+    out: dict[str, Tensor] = {ours: torch.cat([src[t] for t in theirs]) for ours, theirs in parameter_pairs(cfg)}
+    out["mlm_head.weight"] = out["encoder.embed.weight"]  # tied (quirk 3)
+    model = Transformer(cfg)
+    missing = set(model.state_dict()) - set(out)
+    if missing:
+        raise AtencionError(f"BERT import left parameters unset: {sorted(missing)[:5]}")
+    model.load_state_dict(out)
+    return model.eval()
+
+
+def to_bert(model: Transformer):
+    """A transformers.BertForMaskedLM (eval mode) computing the same MLM logits as ``model``; an
+    atencion model that BERT cannot express raises AtencionError naming the config key."""
+    from transformers import BertForMaskedLM
+
+    if not isinstance(model, Transformer):
+        raise AtencionError(f"BERT export: expected an atencion Transformer, got {type(model).__name__}")
+    cfg = model.cfg
+    hf_model = BertForMaskedLM(bert_config(cfg))
+    src = {k: v.detach() for k, v in model.state_dict().items()}
+    out: dict[str, Tensor] = {}
+    for ours, theirs in parameter_pairs(cfg):
+        for name, part in zip(theirs, src[ours].chunk(len(theirs))):
+            out[name] = part
+    if not cfg.type_vocab_size:  # quirk 2: one token type, adding zero
+        out["bert.embeddings.token_type_embeddings.weight"] = src["encoder.embed.weight"].new_zeros(1, cfg.d_model)
+    out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]  # tied
+    out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
+    hf_model.load_state_dict(out)  # strict: a name missing on either side raises
+    return hf_model.to(src["encoder.embed.weight"].dtype).eval()

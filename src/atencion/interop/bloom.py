@@ -1,0 +1,168 @@
+"""Convert between a Hugging Face BloomForCausalLM and an atencion decoder-only Transformer, exactly.
+
+Bloom is atencion's ``arch="decoder"`` with ALiBi (``positional="alibi"``, no position table), a
+LayerNorm on the token embeddings (``embedding_norm``), pre-LN blocks (``norm_first``) with a
+final LayerNorm, the tanh approximation of GELU (``bloom_gelu_forward`` is
+x·½·(1 + tanh(0.79788456·x·(1 + 0.044715·x²))), i.e. ``"gelu-tanh"``), a feed-forward width of
+4·d_model and an LM head tied to the token table. Three points of layout:
+
+1. ``query_key_value`` interleaves Q, K and V per head: its output axis is
+   (num_heads, 3, head_dim), where our ``in_proj`` stacks Q;K;V (3, num_heads, head_dim).
+2. Its ALiBi bias is slope_h · j (key position j) where ours is −slope_h · (i − j); they differ by
+   slope_h · i, constant along each query's row, which softmax ignores. Both use the paper's
+   slopes (the same formula for a head count that is not a power of two).
+3. Bloom derives key positions from the attention mask (cumsum), so only unpadded inputs (an
+   all-ones mask) match; atencion's decoder takes no padding mask.
+
+``apply_residual_connection_post_layernorm=True`` (the residual taken after the LayerNorm)
+cannot be expressed by atencion's blocks and is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..errors import AtencionError
+from ..nn.transformer import Transformer
+
+
+def _token_id(value, vocab_size: int, default: int) -> int:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and 0 <= value < vocab_size else default
+
+
+def config_from_bloom(hf_config) -> ModelConfig:
+    """The atencion config of a transformers.BloomConfig; settings it cannot express raise
+    AtencionError naming the key."""
+    c = hf_config
+    if c.apply_residual_connection_post_layernorm:
+        raise AtencionError("Bloom config: apply_residual_connection_post_layernorm=True (the residual taken "
+                            "after the LayerNorm) cannot be expressed by atencion's pre-LN blocks")
+    vocab = c.vocab_size
+    eos = _token_id(c.eos_token_id, vocab, min(2, vocab - 1))
+    return ModelConfig(
+        vocab_size=vocab,
+        arch="decoder",
+        n_layers=c.n_layer,
+        d_model=c.hidden_size,
+        d_ff=4 * c.hidden_size,
+        n_heads=c.n_head,
+        dropout=float(c.hidden_dropout),
+        attention_dropout=float(c.attention_dropout),
+        activation="gelu-tanh",
+        norm_first=True,
+        positional="alibi",
+        scale_embedding=False,
+        embedding_norm=True,
+        tie_output=bool(getattr(c, "tie_word_embeddings", True)),
+        output_bias=False,
+        layer_norm_eps=float(c.layer_norm_epsilon),
+        pad_id=_token_id(c.pad_token_id, vocab, eos),
+        bos_id=_token_id(c.bos_token_id, vocab, eos),
+        eos_id=eos,
+    )
+
+
+def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(kind, atencion name, Bloom name) of every tensor pair, kind being "qkv" (reordered
+    between Bloom's per-head Q,K,V and our Q;K;V) or "copy". Both directions walk this list."""
+    pairs = [("copy", "decoder.embed.weight", "transformer.word_embeddings.weight"),
+             ("copy", "decoder.embed_norm.weight", "transformer.word_embeddings_layernorm.weight"),
+             ("copy", "decoder.embed_norm.bias", "transformer.word_embeddings_layernorm.bias")]
+    for i in range(cfg.decoder_layers):
+        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
+        for a, b in [("res_self.norm", "input_layernorm"), ("self_attn.in_proj", "self_attention.query_key_value"),
+                     ("self_attn.out_proj", "self_attention.dense"), ("res_ffn.norm", "post_attention_layernorm"),
+                     ("ffn.linear1", "mlp.dense_h_to_4h"), ("ffn.linear2", "mlp.dense_4h_to_h")]:
+            kind = "qkv" if a == "self_attn.in_proj" else "copy"
+            pairs += [(kind, f"{ours}.{a}.{p}", f"{theirs}.{b}.{p}") for p in ("weight", "bias")]
+    pairs += [("copy", "decoder.final_norm.weight", "transformer.ln_f.weight"),
+              ("copy", "decoder.final_norm.bias", "transformer.ln_f.bias")]
+    if not cfg.tie_output:
+        pairs.append(("copy", "generator.weight", "lm_head.weight"))
+    return pairs
+
+
+def bloom_qkv_to_stacked(t: Tensor, n_heads: int) -> Tensor:
+    """Bloom's fused projection (output axis (heads, 3, d_k)) → Q;K;V stacked (3, heads, d_k)."""
+    rest = t.shape[1:]
+    return t.reshape(n_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def stacked_to_bloom_qkv(t: Tensor, n_heads: int) -> Tensor:
+    """The inverse of :func:`bloom_qkv_to_stacked`."""
+    rest = t.shape[1:]
+    return t.reshape(3, n_heads, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def from_bloom(hf_model) -> Transformer:
+    """An atencion Transformer (eval mode) computing the same logits as ``hf_model`` (a
+    BloomForCausalLM) on unpadded inputs."""
+    cfg = config_from_bloom(hf_model.config)
+    model = Transformer(cfg)
+    src = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+    out: dict[str, Tensor] = {}
+    for kind, ours, theirs in module_pairs(cfg):
+        out[ours] = bloom_qkv_to_stacked(src[theirs], cfg.n_heads) if kind == "qkv" else src[theirs]
+    if cfg.tie_output:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    missing = set(model.state_dict()) - set(out)
+    if missing:
+        raise AtencionError(f"Bloom import left parameters unset: {sorted(missing)[:5]}")
+    model.load_state_dict(out)
+    return model.eval()
+
+
+def check_bloom_compatible(cfg: ModelConfig) -> None:
+    """Raise AtencionError naming the first setting a BloomForCausalLM cannot express."""
+    wanted = [("arch", "decoder"), ("positional", "alibi"), ("embedding_norm", True), ("norm_first", True),
+              ("norm", "layernorm"), ("activation", "gelu-tanh"), ("scale_embedding", False),
+              ("scale_attention", True), ("output_bias", False), ("scale_output", False), ("num_labels", 0)]
+    for key, value in wanted:
+        if getattr(cfg, key) != value:
+            raise AtencionError(f"to_bloom: {key}={getattr(cfg, key)!r} cannot be expressed by BloomForCausalLM, "
+                                f"which needs {key}={value!r}")
+    if cfg.d_ff != 4 * cfg.d_model:
+        raise AtencionError(f"to_bloom: d_ff={cfg.d_ff} cannot be expressed by BloomForCausalLM, whose "
+                            f"feed-forward width is 4 * d_model = {4 * cfg.d_model}")
+
+
+def bloom_config(cfg: ModelConfig):
+    """The transformers.BloomConfig of an atencion ModelConfig."""
+    from transformers import BloomConfig
+
+    check_bloom_compatible(cfg)
+    return BloomConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, n_layer=cfg.decoder_layers, n_head=cfg.n_heads,
+        layer_norm_epsilon=cfg.layer_norm_eps, hidden_dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+        apply_residual_connection_post_layernorm=False, tie_word_embeddings=cfg.tie_output,
+        bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
+    )
+
+
+def to_bloom(model: Transformer):
+    """A transformers.BloomForCausalLM (eval mode) computing the same logits as ``model`` on
+    unpadded inputs. Settings Bloom cannot express raise AtencionError naming the key; missing
+    biases (``bias=False``) are written as zeros."""
+    from transformers import BloomForCausalLM
+
+    cfg = model.cfg
+    hf = BloomForCausalLM(bloom_config(cfg))
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    target = hf.state_dict()
+    out: dict[str, Tensor] = {}
+    for kind, name, theirs in module_pairs(cfg):
+        value = ours.get(name)
+        if value is None:  # bias=False: Bloom's projections always have one
+            value = torch.zeros_like(target[theirs])
+        out[theirs] = stacked_to_bloom_qkv(value, cfg.n_heads) if kind == "qkv" else value
+    if cfg.tie_output:
+        out["lm_head.weight"] = out["transformer.word_embeddings.weight"]
+    missing = set(target) - set(out)
+    if missing:
+        raise AtencionError(f"Bloom export left parameters unset: {sorted(missing)[:5]}")
+    hf.load_state_dict({k: v.to(target[k].dtype).contiguous() for k, v in out.items()})
+    return hf.eval()

@@ -1,0 +1,233 @@
+"""Convert between a Hugging Face ``GPTNeoXForCausalLM`` and a decoder-only atencion Transformer
+with rotary positions, exactly.
+
+GPT-NeoX (Pythia) is a pre-LN decoder with biases, LayerNorm, RoPE in the rotate-half layout
+(feature i pairs with i + d_k/2: atencion's) and an output projection of its own, ``lm_head``
+(``embed_out`` before transformers 5; atencion's untied ``generator.weight``). Two things differ
+in layout or need refusing:
+
+1. ``query_key_value`` is fused per head: its output rows are (heads, [q; k; v], d_k). atencion's
+   ``in_proj`` stacks all the queries, then all the keys, then all the values; the rows (and the
+   bias) are reordered each way.
+2. atencion rotates every feature of a head and runs the two sub-layers one after the other, so
+   a partial rotary (``rotary_pct`` / ``partial_rotary_factor`` < 1, Pythia's 0.25),
+   ``use_parallel_residual=True`` (NeoX's default), a scaled RoPE type and
+   ``attention_bias=False`` (the MLP keeps its biases) are refused, naming the key.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..errors import AtencionError
+from ..nn.transformer import Transformer
+
+_FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
+
+
+def _rope(c) -> dict:
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    rope.setdefault("rope_theta", getattr(c, "rotary_emb_base", 10000.0))
+    rope.setdefault("partial_rotary_factor", getattr(c, "rotary_pct", 1.0))
+    rope.setdefault("rope_type", "default")
+    return rope
+
+
+def _token_id(value, fallback: int) -> int:
+    value = value[0] if isinstance(value, (list, tuple)) else value
+    return fallback if value is None else value
+
+
+def config_from_neox(hf_config) -> ModelConfig:
+    """The atencion config of a transformers.GPTNeoXConfig; what atencion cannot reproduce
+    raises AtencionError naming the NeoX key."""
+    c = hf_config
+    rope = _rope(c)
+    if c.use_parallel_residual:
+        raise AtencionError("GPT-NeoX config: use_parallel_residual=True (attention and MLP read the same "
+                            "input); atencion's blocks are sequential: use_parallel_residual=False only")
+    if rope["partial_rotary_factor"] != 1.0:
+        raise AtencionError(f"GPT-NeoX config: partial_rotary_factor (rotary_pct)="
+                            f"{rope['partial_rotary_factor']}; atencion's RoPE turns every feature of a head "
+                            f"(1.0 only)")
+    if rope["rope_type"] != "default":
+        raise AtencionError(f"GPT-NeoX config: rope_parameters rope_type={rope['rope_type']!r}; atencion "
+                            f"supports the 'default' RoPE only")
+    if not getattr(c, "attention_bias", True):
+        raise AtencionError("GPT-NeoX config: attention_bias=False while the MLP has biases; atencion's "
+                            "`bias` covers both")
+    if c.hidden_act not in _FROM_HF_ACTIVATIONS:
+        raise AtencionError(f"GPT-NeoX config: hidden_act={c.hidden_act!r}; atencion supports "
+                            f"{sorted(_FROM_HF_ACTIVATIONS)}")
+    if getattr(c, "head_dim", None) not in (None, c.hidden_size // c.num_attention_heads):
+        raise AtencionError(f"GPT-NeoX config: head_dim={c.head_dim}; atencion needs hidden_size / "
+                            f"num_attention_heads")
+    eos = _token_id(c.eos_token_id, 0)
+    return ModelConfig(
+        vocab_size=c.vocab_size,
+        arch="decoder",
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        d_ff=c.intermediate_size,
+        n_heads=c.num_attention_heads,
+        dropout=c.hidden_dropout,
+        attention_dropout=c.attention_dropout,
+        activation=_FROM_HF_ACTIVATIONS[c.hidden_act],
+        norm_first=True,
+        norm="layernorm",
+        positional="rope",
+        rope_base=float(rope["rope_theta"]),
+        max_positions=c.max_position_embeddings,
+        scale_embedding=False,
+        tie_output=bool(c.tie_word_embeddings),
+        output_bias=False,
+        bias=True,
+        layer_norm_eps=c.layer_norm_eps,
+        scale_attention=True,
+        scale_output=False,
+        pad_id=_token_id(c.pad_token_id, eos),  # NeoX has none by default: pad with EOS, as HF's users do
+        bos_id=_token_id(c.bos_token_id, eos),
+        eos_id=eos,
+    )
+
+
+def check_neox_compatible(cfg: ModelConfig) -> None:
+    """Raise AtencionError naming the first setting GPTNeoXForCausalLM cannot express."""
+    required = [("arch", "decoder"), ("positional", "rope"), ("norm", "layernorm"), ("norm_first", True),
+                ("bias", True), ("scale_attention", True), ("scale_embedding", False), ("scale_output", False),
+                ("output_bias", False), ("embedding_norm", False), ("num_labels", 0)]
+    for key, value in required:
+        if getattr(cfg, key) != value:
+            raise AtencionError(f"neox export: {key}={getattr(cfg, key)!r} cannot be expressed by "
+                                f"GPTNeoXForCausalLM, which needs {key}={value!r}")
+
+
+def neox_config(cfg: ModelConfig):
+    """The ``transformers.GPTNeoXConfig`` of an atencion ModelConfig."""
+    from transformers import GPTNeoXConfig
+
+    check_neox_compatible(cfg)
+    return GPTNeoXConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act=_ACTIVATIONS[cfg.activation],
+        attention_dropout=cfg.attention_dropout,
+        hidden_dropout=cfg.dropout,
+        max_position_embeddings=cfg.max_positions,
+        layer_norm_eps=cfg.layer_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 1.0},
+        use_parallel_residual=False,
+        attention_bias=True,
+        tie_word_embeddings=cfg.tie_output,
+        pad_token_id=cfg.pad_id,
+        bos_token_id=cfg.bos_id,
+        eos_token_id=cfg.eos_id,
+    )
+
+
+def neox_qkv_to_stacked(t: Tensor, n_heads: int) -> Tensor:
+    """NeoX's per-head fused rows (heads, [q; k; v], d_k, ...) → atencion's [Q; K; V] rows."""
+    rest = t.shape[1:]
+    return t.reshape(n_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def stacked_to_neox_qkv(t: Tensor, n_heads: int) -> Tensor:
+    """atencion's [Q; K; V] rows → NeoX's per-head fused rows: the inverse of the above."""
+    rest = t.shape[1:]
+    return t.reshape(3, n_heads, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def _head_name(state: dict) -> str:
+    """The output projection's name: ``lm_head`` (transformers 5) or ``embed_out`` (before)."""
+    return "embed_out" if "embed_out.weight" in state else "lm_head"
+
+
+def module_pairs(cfg: ModelConfig, head: str = "lm_head") -> list[tuple[str, str, str]]:
+    """(kind, atencion name, NeoX name) for every attention, LayerNorm, MLP and Linear/Embedding
+    weight, kind being "attention", "norm", "ffn" or "table"; both directions walk it. ``head``
+    is the output projection's name (see :func:`_head_name`)."""
+    pairs = [("table", "decoder.embed", "gpt_neox.embed_in"),
+             ("norm", "decoder.final_norm", "gpt_neox.final_layer_norm")]
+    if not cfg.tie_output:
+        pairs.append(("table", "generator", head))
+    for i in range(cfg.n_layers):
+        ours, theirs = f"decoder.layers.{i}", f"gpt_neox.layers.{i}"
+        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.attention"),
+                  ("norm", f"{ours}.res_self.norm", f"{theirs}.input_layernorm"),
+                  ("ffn", f"{ours}.ffn", f"{theirs}.mlp"),
+                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.post_attention_layernorm")]
+    return pairs
+
+
+def from_neox(hf_model) -> Transformer:
+    """A decoder-only atencion Transformer (in eval mode) computing the same logits as
+    ``hf_model``, a ``GPTNeoXForCausalLM``."""
+    cfg = config_from_neox(hf_model.config)
+    model = Transformer(cfg)
+    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    h = cfg.n_heads
+    out: dict[str, Tensor] = {}
+    for kind, ours, theirs in module_pairs(cfg, _head_name(src)):
+        if kind == "attention":
+            out[f"{ours}.in_proj.weight"] = neox_qkv_to_stacked(src[f"{theirs}.query_key_value.weight"], h)
+            out[f"{ours}.in_proj.bias"] = neox_qkv_to_stacked(src[f"{theirs}.query_key_value.bias"], h)
+            out[f"{ours}.out_proj.weight"] = src[f"{theirs}.dense.weight"]
+            out[f"{ours}.out_proj.bias"] = src[f"{theirs}.dense.bias"]
+        elif kind == "ffn":
+            for mine, hf_name in (("linear1", "dense_h_to_4h"), ("linear2", "dense_4h_to_h")):
+                out[f"{ours}.{mine}.weight"] = src[f"{theirs}.{hf_name}.weight"]
+                out[f"{ours}.{mine}.bias"] = src[f"{theirs}.{hf_name}.bias"]
+        elif kind == "norm":
+            out[f"{ours}.weight"] = src[f"{theirs}.weight"]
+            out[f"{ours}.bias"] = src[f"{theirs}.bias"]
+        else:
+            out[f"{ours}.weight"] = src[f"{theirs}.weight"]
+    if cfg.tie_output:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    missing = set(model.state_dict()) - set(out)
+    if missing:
+        raise AtencionError(f"GPT-NeoX import left parameters unset: {sorted(missing)[:5]}")
+    model.load_state_dict(out)
+    return model.eval()
+
+
+def to_neox(model: Transformer):
+    """A ``GPTNeoXForCausalLM`` (in eval mode) computing the same logits as ``model``; settings
+    NeoX cannot express raise AtencionError naming the key."""
+    from transformers import GPTNeoXForCausalLM
+
+    cfg = model.cfg
+    hf = GPTNeoXForCausalLM(neox_config(cfg))
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    h = cfg.n_heads
+    out: dict[str, Tensor] = {}
+    head = _head_name(hf.state_dict())
+    for kind, mine, theirs in module_pairs(cfg, head):
+        if kind == "attention":
+            out[f"{theirs}.query_key_value.weight"] = stacked_to_neox_qkv(ours[f"{mine}.in_proj.weight"], h)
+            out[f"{theirs}.query_key_value.bias"] = stacked_to_neox_qkv(ours[f"{mine}.in_proj.bias"], h)
+            out[f"{theirs}.dense.weight"] = ours[f"{mine}.out_proj.weight"]
+            out[f"{theirs}.dense.bias"] = ours[f"{mine}.out_proj.bias"]
+        elif kind == "ffn":
+            for name, hf_name in (("linear1", "dense_h_to_4h"), ("linear2", "dense_4h_to_h")):
+                out[f"{theirs}.{hf_name}.weight"] = ours[f"{mine}.{name}.weight"]
+                out[f"{theirs}.{hf_name}.bias"] = ours[f"{mine}.{name}.bias"]
+        elif kind == "norm":
+            out[f"{theirs}.weight"] = ours[f"{mine}.weight"]
+            out[f"{theirs}.bias"] = ours[f"{mine}.bias"]
+        else:
+            out[f"{theirs}.weight"] = ours[f"{mine}.weight"]
+    if cfg.tie_output:
+        out[f"{head}.weight"] = ours["decoder.embed.weight"]
+    expected = set(hf.state_dict())
+    missing, unexpected = sorted(expected - set(out)), sorted(set(out) - expected)
+    if missing or unexpected:
+        raise AtencionError(f"GPT-NeoX export: weights do not match; missing {missing[:5]}, "
+                            f"unexpected {unexpected[:5]}")
+    hf.load_state_dict(out)
+    return hf.eval()
