@@ -164,3 +164,17 @@ def test_exporting_a_member_the_exporters_do_not_know_is_refused(values, tmp_pat
     with pytest.raises(AtencionError, match="cannot be exported yet"):
         export(tiny(values.pop("arch", "encoder-decoder"), **values), tmp_path / "out", "ctranslate2")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_searches_depend_on_the_decoding_protocol_only():
+    from atencion.decode.protocol import Decodable, DecodingState
+    from atencion.decode.search import beam_search, greedy_search
+
+    model = tiny("encoder-decoder")
+    assert isinstance(model, Decodable)
+    memory, mask = model.encode(ids())
+    assert isinstance(model.init_state(memory, mask), DecodingState)
+    with pytest.raises(AtencionError, match="decoding protocol"):
+        greedy_search(torch.nn.Linear(2, 2), ids())
+    with pytest.raises(AtencionError, match="encoder-only model has no decoder"):
+        beam_search(tiny("encoder"), ids(), 2)

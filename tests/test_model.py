@@ -238,7 +238,8 @@ def test_beam_state_shares_caches_and_follows_reordered_hypotheses(overrides):
     # then 20 more steps of random re-rankings: past the caches' first 16 steps of room
     reorders += [torch.randint(0, k, (2, k)).add(torch.tensor([[0], [k]])).flatten() for _ in range(20)]
     for index in reorders:
-        state.reorder(index)
+        rows = index.view(-1, k)  # the rows each new hypothesis continues, k per kept sentence
+        state.reorder(rows[:, 0] // k, rows % k)
         history, sentence = history[index], sentence[index]
         new = torch.randint(4, vocab, (len(index), 1))
         history = torch.cat([history, new], dim=1)

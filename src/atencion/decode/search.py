@@ -19,6 +19,8 @@ Conventions:
   generated tokens, plus the EOS for a hypothesis that ended with EOS. So |Y| is never more
   than the maximum length.
 * The caller passes a model in eval mode; a model in training mode (dropout on) is refused.
+* The searches use only the decoding protocol (protocol.py): ``encode``, ``init_state``,
+  ``decode_step`` and the state's ``reorder``, so any model that implements it is searched alike.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AtencionError
+from .protocol import Decodable
 
 
 @dataclass
@@ -54,6 +57,11 @@ def length_penalty(length: int, alpha: float) -> float:
 # helpers ---------------------------------------------------------------------------------------
 
 def _check_eval(model) -> None:
+    if not isinstance(model, Decodable):
+        raise AtencionError(f"{type(model).__name__} does not implement the decoding protocol "
+                            f"(encode, init_state, decode_step; see decode/protocol.py)")
+    if getattr(model.cfg, "arch", "encoder-decoder") == "encoder":
+        raise AtencionError("an encoder-only model has no decoder: it cannot be searched (beam or greedy)")
     if model.training:
         raise AtencionError("the model is in training mode, so dropout would run during search; "
                          "call model.eval() first")
@@ -253,7 +261,7 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
             break
         keep = [g for g in range(groups) if not done[g]] if _drop_finished else list(range(groups))
         keep_index = torch.tensor(keep, device=device)
-        state.reorder((keep_index[:, None] * k + beam.index_select(0, keep_index)).flatten())
+        state.reorder(keep_index, beam.index_select(0, keep_index))
         scores, tokens = scores.index_select(0, keep_index), tokens.index_select(0, keep_index)
         last = new_tokens.index_select(0, keep_index).flatten()
         active, done = [active[g] for g in keep], [done[g] for g in keep]

@@ -1,11 +1,11 @@
 """The Transformer's building blocks, one paper section per file."""
 
-from .attention import BeamKVCache, KVCache, MultiHeadAttention, Packing, scaled_dot_product_attention
+from .attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout, fast_dropout
 from .layers import Block, FeedForward, Residual
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding, sinusoidal_table
-from .transformer import (ClassificationHead, Decoder, DecoderState, Encoder, Generator, MaskedLMHead, Transformer,
-                          causal_mask)
+from .transformer import ClassificationHead, Decoder, Encoder, Generator, MaskedLMHead, Transformer
 
 __all__ = [
     "BeamKVCache", "KVCache", "MultiHeadAttention", "Packing", "scaled_dot_product_attention", "Dropout", "fast_dropout",

@@ -1,7 +1,9 @@
-"""Scaled dot-product attention (eq. 1) and multi-head attention (§3.2.2), with a KV cache.
+"""Scaled dot-product attention (eq. 1) and multi-head attention (§3.2.2).
 
 Masks follow torch's convention for boolean ``attn_mask``: ``True`` means *may attend*.
-A mask has four dimensions that broadcast to (batch, heads, queries, keys).
+A mask has four dimensions that broadcast to (batch, heads, queries, keys). The caches it reads
+and writes while decoding, and the packing of an encoder's real positions, are speed machinery
+that is not the paper: they live in cache.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import AtencionError
+from .cache import KVCache, Packing
 from .positional import rotate_half
 
 
@@ -65,6 +68,13 @@ def _explicit_attention(q, k, v, mask, dropout_p, bias=None, scale=None):
     return attended @ v, weights
 
 
+def causal_mask(length: int, offset: int = 0, device=None) -> Tensor:
+    """(1, 1, length, offset+length): query i (at position offset+i) sees keys 0 … offset+i."""
+    keys = torch.arange(offset + length, device=device)
+    queries = torch.arange(offset, offset + length, device=device)
+    return (keys[None, :] <= queries[:, None])[None, None]
+
+
 def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: int) -> None:
     """Raise a ValueError unless ``mask`` is a boolean tensor that broadcasts to (batch, h, q, k)."""
     if mask is None:
@@ -81,106 +91,6 @@ def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: i
             f"{name} has shape {tuple(mask.shape)}; expected 4 dimensions broadcastable to "
             f"(batch={batch}, heads, queries={queries}, keys={keys}), each 1 or that size"
         )
-
-
-class KVCache:
-    """Keys and values already computed by one attention layer, shape (batch, heads, length, d_k).
-
-    Self-attention appends one step at a time; cross-attention fills it once per source.
-    ``reorder`` selects batch rows, as beam search does when hypotheses are re-ranked.
-    """
-
-    def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat([self.k, k], dim=2)
-            self.v = torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-    def reorder(self, index: Tensor) -> None:
-        if self.k is not None:
-            # rows of a 2-D view: torch's index_select copies whole rows there, but walks a 4-D
-            # tensor element by element (several times slower on a CPU)
-            shape = (len(index),) + self.k.shape[1:]
-            self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
-            self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
-
-
-class BeamKVCache(KVCache):
-    """The self-attention cache of a beam: the ``group`` hypotheses of one sentence share one
-    row, shape (sentences, heads, length · group, d_k), where key ``s · group + j`` is the one
-    written at step ``s`` by beam slot ``j``.
-
-    Keys are never moved when beam search re-ranks hypotheses: a hypothesis attends to the keys
-    of its own ancestors through the mask that :class:`~atencion.nn.transformer.DecoderState`
-    builds from the beams' ancestry, so only the mask changes (a few bytes per key, not d_k
-    floats). :meth:`reorder` selects sentences (when done ones leave the batch).
-    """
-
-    def __init__(self, group: int) -> None:
-        super().__init__()
-        self.group = group
-        self.length = 0  # keys written so far (steps · group); the buffers hold more
-
-    def __len__(self) -> int:
-        return self.length // self.group
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """``k``, ``v``: (sentences · group, heads, new, d_k), rows grouped by sentence. They are
-        written into preallocated buffers (doubled when full), so a step copies only its own
-        keys; the result is a view of the buffers' first keys."""
-        k, v = self._interleave(k), self._interleave(v)
-        end = self.length + k.size(2)
-        if self.k is None or end > self.k.size(2):
-            capacity = max(end, 2 * (0 if self.k is None else self.k.size(2)), 16 * self.group)
-            self.k, self.v = self._grow(self.k, k, capacity), self._grow(self.v, v, capacity)
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def _grow(self, old: Tensor | None, new: Tensor, capacity: int) -> Tensor:
-        b, h, _, d = new.shape
-        buffer = new.new_empty(b, h, capacity, d)
-        if old is not None:
-            buffer[:, :, : self.length] = old[:, :, : self.length]
-        return buffer
-
-    def _interleave(self, x: Tensor) -> Tensor:
-        rows, h, t, d = x.shape
-        b = rows // self.group
-        return x.view(b, self.group, h, t, d).permute(0, 2, 3, 1, 4).reshape(b, h, t * self.group, d)
-
-
-class Packing:
-    """The real (non-padding) positions of a right-padded batch, so that the position-wise work
-    (projections, feed-forward, layer norms, dropout) runs on the ``n`` real rows only.
-
-    Layers then hold activations packed as (n, d); attention, the one step that mixes positions,
-    scatters its projections back to (batch, length) around the kernel (padding rows zero,
-    hidden from every query by the mask) and packs its output again."""
-
-    def __init__(self, real: Tensor):
-        """``real``: (batch, length) boolean, True at the positions to keep."""
-        self.batch, self.length = real.shape
-        self.index = real.flatten().nonzero().squeeze(1)
-
-    def pack(self, x: Tensor) -> Tensor:
-        """(batch, length, d) → (n, d)."""
-        return x.reshape(-1, x.size(-1)).index_select(0, self.index)
-
-    def unpack(self, x: Tensor) -> Tensor:
-        """(n, d) → (batch, length, d), zeros at the positions left out."""
-        padded = x.new_zeros(self.batch * self.length, x.size(-1)).index_copy(0, self.index, x)
-        return padded.view(self.batch, self.length, -1)
 
 
 @dataclass

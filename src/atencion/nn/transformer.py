@@ -5,7 +5,6 @@ family built from the same blocks: encoder-only (BERT, with its masked-LM head) 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,7 +13,8 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write, atomic_write_bytes
-from .attention import BeamKVCache, KVCache, Packing, RelativeTerms, check_mask
+from .attention import RelativeTerms, causal_mask, check_mask
+from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
 from .layers import ACTIVATIONS, Block, make_norm, rename_legacy
 from .positional import (
@@ -45,13 +45,6 @@ def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: b
     if isinstance(relative, RotaryPositions):
         return RelativeTerms(rotary=relative.angles(rotary_pos))
     return RelativeTerms(bias=relative.bias(q_pos, k_pos, causal)[None])
-
-
-def causal_mask(length: int, offset: int = 0, device=None) -> Tensor:
-    """(1, 1, length, offset+length): query i (at position offset+i) sees keys 0 … offset+i."""
-    keys = torch.arange(offset + length, device=device)
-    queries = torch.arange(offset, offset + length, device=device)
-    return (keys[None, :] <= queries[:, None])[None, None]
 
 
 class Encoder(nn.Module):
@@ -101,65 +94,6 @@ class Encoder(nn.Module):
         if packing is not None:
             x = packing.unpack(x)
         return x, attentions
-
-
-@dataclass
-class DecoderState:
-    """What incremental decoding keeps between steps: per layer, the self-attention cache and
-    the cross-attention cache (the encoder's keys/values, computed once), plus the source mask.
-
-    With ``group`` > 1 (a beam: ``group`` consecutive decoder rows per sentence), the rows of a
-    sentence share its caches (:class:`BeamKVCache`), and ``origin`` (sentences, group, offset)
-    records, for each hypothesis and each past step, the beam slot that wrote its ancestor's key
-    then; :meth:`self_attention_mask` turns it into the mask that lets each hypothesis see its
-    own ancestors only."""
-
-    memory_mask: Tensor | None
-    self_caches: list[KVCache] = field(default_factory=list)
-    cross_caches: list[KVCache] = field(default_factory=list)
-    offset: int = 0
-    memory: Tensor | None = None  # the encoder output, until the first step has cached it
-    group: int = 1                # decoder rows per source sentence (the beam)
-    origin: Tensor | None = None  # beams only: (sentences, group, offset) beam slots of the ancestors
-
-    def self_attention_mask(self, rows: int, length: int, device) -> Tensor | None:
-        """The self-attention mask for ``length`` new positions of ``rows`` decoder rows (and,
-        for beams, the ancestry extended with them). Without groups: causal, or None for one
-        position. With groups: (sentences, 1, group · length, (offset + length) · group); query
-        ``i · length + l`` (beam slot i, new position l) sees key ``s · group + j`` when slot j
-        held its ancestor at step s, s <= offset + l."""
-        t = self.offset
-        if self.group == 1:
-            return causal_mask(length, t, device) if length > 1 else None
-        k = self.group
-        new = torch.arange(k, device=device).view(1, k, 1).expand(rows // k, k, length)
-        self.origin = new if self.origin is None else torch.cat([self.origin, new], dim=2)
-        ancestors = self.origin.unsqueeze(-1) == torch.arange(k, device=device)  # (b, i, s, j)
-        causal = causal_mask(length, t, device)[0, 0]                            # (l, s)
-        mask = ancestors[:, :, None, :, :] & causal[None, None, :, :, None]      # (b, i, l, s, j)
-        return mask.view(rows // k, 1, k * length, (t + length) * k)
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep decoder rows ``index`` (in that order), e.g. the surviving beams. With groups
-        (beams), the rows of a group must come from one source sentence: the caches, one per
-        sentence, follow the sentences, and within a sentence only ``origin`` is permuted."""
-        if self.group == 1:
-            sentences = index
-        else:
-            rows = index.view(-1, self.group)
-            sentences = rows[:, 0] // self.group
-            if self.origin is not None:
-                slots = (rows % self.group)[:, :, None].expand(-1, -1, self.origin.size(2))
-                self.origin = self.origin.index_select(0, sentences).gather(1, slots)
-        mask = self.memory_mask
-        if mask is not None and torch.equal(sentences, torch.arange(mask.size(0), device=sentences.device)):
-            return  # every sentence stays where it is: nothing to copy
-        for cache in self.self_caches + self.cross_caches:
-            cache.reorder(sentences)
-        if self.memory is not None:
-            self.memory = self.memory.index_select(0, sentences)
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, sentences)
 
 
 class Decoder(nn.Module):

@@ -1,0 +1,185 @@
+"""Speed machinery that is not the paper, behind the interfaces the model uses: the key/value
+caches of incremental decoding (one per layer; a beam's hypotheses share one), the decoding
+state that holds them and follows beam search's re-rankings, and the packing that lets an
+encoder compute on its real positions only.
+
+The search (decode/search.py) sees only the state's ``reorder``: which sentences stay and, in a
+beam, which slot each new hypothesis came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import AtencionError
+
+
+def _causal(length: int, offset: int, device) -> Tensor:
+    """(length, offset+length): query i (at position offset+i) sees keys 0 … offset+i."""
+    keys = torch.arange(offset + length, device=device)
+    queries = torch.arange(offset, offset + length, device=device)
+    return keys[None, :] <= queries[:, None]
+
+
+class KVCache:
+    """Keys and values already computed by one attention layer, shape (batch, heads, length, d_k).
+
+    Self-attention appends one step at a time; cross-attention fills it once per source.
+    ``reorder`` selects batch rows, as beam search does when hypotheses are re-ranked.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        if self.k is not None:
+            # rows of a 2-D view: torch's index_select copies whole rows there, but walks a 4-D
+            # tensor element by element (several times slower on a CPU)
+            shape = (len(index),) + self.k.shape[1:]
+            self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
+            self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
+
+
+class BeamKVCache(KVCache):
+    """The self-attention cache of a beam: the ``group`` hypotheses of one sentence share one
+    row, shape (sentences, heads, length · group, d_k), where key ``s · group + j`` is the one
+    written at step ``s`` by beam slot ``j``.
+
+    Keys are never moved when beam search re-ranks hypotheses: a hypothesis attends to the keys
+    of its own ancestors through the mask that :class:`~atencion.nn.transformer.DecoderState`
+    builds from the beams' ancestry, so only the mask changes (a few bytes per key, not d_k
+    floats). :meth:`reorder` selects sentences (when done ones leave the batch).
+    """
+
+    def __init__(self, group: int) -> None:
+        super().__init__()
+        self.group = group
+        self.length = 0  # keys written so far (steps · group); the buffers hold more
+
+    def __len__(self) -> int:
+        return self.length // self.group
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``k``, ``v``: (sentences · group, heads, new, d_k), rows grouped by sentence. They are
+        written into preallocated buffers (doubled when full), so a step copies only its own
+        keys; the result is a view of the buffers' first keys."""
+        k, v = self._interleave(k), self._interleave(v)
+        end = self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):
+            capacity = max(end, 2 * (0 if self.k is None else self.k.size(2)), 16 * self.group)
+            self.k, self.v = self._grow(self.k, k, capacity), self._grow(self.v, v, capacity)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _grow(self, old: Tensor | None, new: Tensor, capacity: int) -> Tensor:
+        b, h, _, d = new.shape
+        buffer = new.new_empty(b, h, capacity, d)
+        if old is not None:
+            buffer[:, :, : self.length] = old[:, :, : self.length]
+        return buffer
+
+    def _interleave(self, x: Tensor) -> Tensor:
+        rows, h, t, d = x.shape
+        b = rows // self.group
+        return x.view(b, self.group, h, t, d).permute(0, 2, 3, 1, 4).reshape(b, h, t * self.group, d)
+
+
+class Packing:
+    """The real (non-padding) positions of a right-padded batch, so that the position-wise work
+    (projections, feed-forward, layer norms, dropout) runs on the ``n`` real rows only.
+
+    Layers then hold activations packed as (n, d); attention, the one step that mixes positions,
+    scatters its projections back to (batch, length) around the kernel (padding rows zero,
+    hidden from every query by the mask) and packs its output again."""
+
+    def __init__(self, real: Tensor):
+        """``real``: (batch, length) boolean, True at the positions to keep."""
+        self.batch, self.length = real.shape
+        self.index = real.flatten().nonzero().squeeze(1)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(batch, length, d) → (n, d)."""
+        return x.reshape(-1, x.size(-1)).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(n, d) → (batch, length, d), zeros at the positions left out."""
+        padded = x.new_zeros(self.batch * self.length, x.size(-1)).index_copy(0, self.index, x)
+        return padded.view(self.batch, self.length, -1)
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding keeps between steps: per layer, the self-attention cache and
+    the cross-attention cache (the encoder's keys/values, computed once), plus the source mask.
+
+    With ``group`` > 1 (a beam: ``group`` consecutive decoder rows per sentence), the rows of a
+    sentence share its caches (:class:`BeamKVCache`), and ``origin`` (sentences, group, offset)
+    records, for each hypothesis and each past step, the beam slot that wrote its ancestor's key
+    then; :meth:`self_attention_mask` turns it into the mask that lets each hypothesis see its
+    own ancestors only."""
+
+    memory_mask: Tensor | None
+    self_caches: list[KVCache] = field(default_factory=list)
+    cross_caches: list[KVCache] = field(default_factory=list)
+    offset: int = 0
+    memory: Tensor | None = None  # the encoder output, until the first step has cached it
+    group: int = 1                # decoder rows per source sentence (the beam)
+    origin: Tensor | None = None  # beams only: (sentences, group, offset) beam slots of the ancestors
+
+    def self_attention_mask(self, rows: int, length: int, device) -> Tensor | None:
+        """The self-attention mask for ``length`` new positions of ``rows`` decoder rows (and,
+        for beams, the ancestry extended with them). Without groups: causal, or None for one
+        position. With groups: (sentences, 1, group · length, (offset + length) · group); query
+        ``i · length + l`` (beam slot i, new position l) sees key ``s · group + j`` when slot j
+        held its ancestor at step s, s <= offset + l."""
+        t = self.offset
+        if self.group == 1:
+            return _causal(length, t, device)[None, None] if length > 1 else None
+        k = self.group
+        new = torch.arange(k, device=device).view(1, k, 1).expand(rows // k, k, length)
+        self.origin = new if self.origin is None else torch.cat([self.origin, new], dim=2)
+        ancestors = self.origin.unsqueeze(-1) == torch.arange(k, device=device)  # (b, i, s, j)
+        causal = _causal(length, t, device)                            # (l, s)
+        mask = ancestors[:, :, None, :, :] & causal[None, None, :, :, None]      # (b, i, l, s, j)
+        return mask.view(rows // k, 1, k * length, (t + length) * k)
+
+    def reorder(self, sentences: Tensor, beams: Tensor | None = None) -> None:
+        """Keep the sentences ``sentences`` (indices into the current ones, in that order).
+
+        Without groups each sentence is one decoder row. With groups (a beam), ``beams``
+        (kept sentences, group) says which beam slot of its sentence each new hypothesis comes
+        from: the caches, one per sentence, follow the sentences; within a sentence only
+        ``origin``, the ancestry the self-attention mask is built from, is permuted."""
+        if self.group > 1:
+            if beams is None or beams.shape != (len(sentences), self.group):
+                raise AtencionError(f"a beam state needs beams shaped ({len(sentences)}, {self.group}), got "
+                                    f"{None if beams is None else tuple(beams.shape)}")
+            if self.origin is not None:
+                slots = beams[:, :, None].expand(-1, -1, self.origin.size(2))
+                self.origin = self.origin.index_select(0, sentences).gather(1, slots)
+        mask = self.memory_mask
+        if mask is not None and torch.equal(sentences, torch.arange(mask.size(0), device=sentences.device)):
+            return  # every sentence stays where it is: nothing to copy
+        for cache in self.self_caches + self.cross_caches:
+            cache.reorder(sentences)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, sentences)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, sentences)
