@@ -49,7 +49,13 @@ def main() -> None:
     torch.manual_seed(0)
     new = atencion.Transformer(atencion.ModelConfig.preset(args.preset, vocab_size=args.vocab))
     old = atencion_old.Transformer(atencion_old.ModelConfig.preset(args.preset, vocab_size=args.vocab))
-    old.load_state_dict(new.state_dict())
+    names = {".res_self.": ".res_attn."} if any(".res_attn." in n for n in old.state_dict()) else {}
+    state = {}  # an older checkout may name a parameter differently (the encoder's res_attn)
+    for name, value in new.state_dict().items():
+        for now, then in names.items():
+            name = name.replace(now, then) if name.startswith("encoder.") else name
+        state[name] = value
+    old.load_state_dict(state)
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab, (64, 24), generator=g)
     src[32:, 18:] = 0

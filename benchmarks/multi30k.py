@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     from atencion.allocator import keep_freed_memory
+    from atencion.decode import DecodeConfig
     from atencion.evaluate import evaluate
     from atencion.train.checkpoint import average_checkpoints, list_checkpoints
     from atencion.train.config import load_config
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, model_dir in (("averaged", out / "averaged"), ("best", summary["best_model"])):
         if model_dir is None:
             continue
-        scores = evaluate(model_dir, test_src, test_ref, beam=args.beam, alpha=args.alpha,
+        scores = evaluate(model_dir, test_src, test_ref, DecodeConfig(beam=args.beam, alpha=args.alpha),
                           output=out / f"test2016.{name}.{args.tgt}", **raw_options)
         keys = ("bleu_tok", "bleu", "chrf", "raw_bleu", "raw_bleu_lc", "raw_chrf")
         result[f"test2016_{name}"] = {k: scores[k] for k in keys if k in scores}

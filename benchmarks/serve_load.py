@@ -332,7 +332,8 @@ async def run_phase(load: Load, clients: int, requests: int, limit: float, seen:
     wall = time.perf_counter() - began
     return {"requests_ok": len(latencies), "sentences": sentences, "wall_s": wall,
             "sentences_per_s": sentences / wall if wall > 0 else 0.0,
-            "errors": sum(errors.values()) + len(pending), "error_kinds": errors | ({"cut": len(pending)} if pending else {}),
+            "errors": sum(errors.values()) + len(pending),
+            "error_kinds": errors | ({"cut": len(pending)} if pending else {}),
             "stopped_by_limit": time.perf_counter() >= deadline or bool(pending),
             "latencies": latencies}
 
@@ -484,7 +485,8 @@ async def overload(args, server: Server, inputs: list[str], baseline_p50_ms: flo
         began = time.perf_counter()
         with RssSampler(server.pid) as sampler, HealthProbe(server.url) as health:
             async with ServerSide(probe, server.pid) as side:
-                tasks = [asyncio.ensure_future(client_loop()) for _ in range(n)] + [asyncio.ensure_future(watch_queue())]
+                tasks = [asyncio.ensure_future(client_loop()) for _ in range(n)]
+                tasks.append(asyncio.ensure_future(watch_queue()))
                 _, pending = await asyncio.wait(tasks, timeout=args.overload_seconds + args.server_timeout + 10)
                 for t in pending:
                     t.cancel()
@@ -506,7 +508,8 @@ async def overload(args, server: Server, inputs: list[str], baseline_p50_ms: flo
     samples = sampler.samples
     half = began + burst_s / 2
     server_counts = {k: v - statuses(before).get(k, 0.0) for k, v in statuses(final).items()}
-    return {"clients": n, "max_queue": server.max_queue, "burst_s": args.overload_seconds, "seconds": burst_s, "pause_s": args.overload_pause,
+    return {"clients": n, "max_queue": server.max_queue, "burst_s": args.overload_seconds, "seconds": burst_s,
+            "pause_s": args.overload_pause,
             "statuses": counts, "requests": sum(counts.values()), "status_429": counts.get("429", 0),
             "status_200": counts.get("200", 0),
             "status_5xx": sum(v for k, v in counts.items() if k.isdigit() and int(k) >= 500),

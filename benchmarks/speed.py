@@ -60,7 +60,8 @@ def multi30k_lengths(data: Path, split: str) -> list[tuple[int, int]]:
         with gzip.open(en, "rt", encoding="utf-8") as f, gzip.open(de, "rt", encoding="utf-8") as g:
             return [(len(a.split()), len(b.split())) for a, b in zip(f, g)]
     rng = random.Random(0)
-    return [(max(3, int(rng.gauss(13, 4))), max(3, int(rng.gauss(13, 4)))) for _ in range(29000 if split == "train" else 1014)]
+    return [(max(3, int(rng.gauss(13, 4))), max(3, int(rng.gauss(13, 4))))
+            for _ in range(29000 if split == "train" else 1014)]
 
 
 def random_ids(length: int, rng: random.Random) -> list[int]:
@@ -328,7 +329,8 @@ def decoding_part(size: str, args, device: torch.device) -> dict:
         result["ct2_decode_sent_s"] = None
     else:
         result.update(ct2_decode_sent_s=n / s["ct2_float32"], ct2_int8_decode_sent_s=n / s["ct2_int8"],
-                      decode_ratio_vs_ct2=s["ct2_float32"] / s["ours"], agreement=agreement(out["ours"], out["ct2_float32"]),
+                      decode_ratio_vs_ct2=s["ct2_float32"] / s["ours"],
+                      agreement=agreement(out["ours"], out["ct2_float32"]),
                       agreement_ct2_int8=agreement(out["ours"], out["ct2_int8"]))
         if "int8" in s:
             result["int8_decode_ratio_vs_ct2_int8"] = s["ct2_int8"] / s["int8"]

@@ -10,7 +10,6 @@ import torch
 from atencion import Transformer
 from atencion.decode.search import beam_search, greedy_search
 from atencion.train.trainer import train
-
 from conftest import random_batch, small_model
 from test_training import tiny_config, weights, write_corpus
 

@@ -3,8 +3,7 @@
 import json
 
 from atencion.cli import main
-from atencion.data.tokenizer import Tokenizer
-from atencion.nn.transformer import Transformer
+from atencion.decode.model_dir import load_model_dir
 
 
 def test_demo_prints_examples_and_ends_with_a_json_summary(tmp_path, capsys):
@@ -18,8 +17,7 @@ def test_demo_prints_examples_and_ends_with_a_json_summary(tmp_path, capsys):
     assert {"exact_match", "bleu", "seconds", "model_dir"} <= set(summary)
     assert 0.0 <= summary["exact_match"] <= 1.0
     assert any("el gato negro come el ratón" in line for line in lines[:-1])
-    Transformer.load(summary["model_dir"])
-    Tokenizer.load(summary["model_dir"])
+    load_model_dir(summary["model_dir"])  # a usable model directory
     for name in ("train", "valid", "test"):
         es = (tmp_path / "demo" / "data" / f"{name}.es").read_text().splitlines()
         align = (tmp_path / "demo" / "data" / f"{name}.align").read_text().splitlines()

@@ -141,11 +141,11 @@ def test_every_phenomenon_is_frequent_enough_to_learn(draw):
     assert 0.12 <= share(lambda p: "que" in p.src.split()) <= 0.22
     assert 0.04 <= share(lambda p: "banco" in p.src or "bancos" in p.src) <= 0.10
     for word in (" bank", " bench", "park bench", " menu", " letter"):
-        assert share(lambda p: word in f" {p.tgt}") >= 0.005, word
+        assert share(lambda p, word=word: word in f" {p.tgt}") >= 0.005, word
     for word in ("unos", "unas", "un", "una", "los", "las", "será", "eran", "se"):
-        assert share(lambda p: word in p.src.split()) >= 0.005, word
+        assert share(lambda p, word=word: word in p.src.split()) >= 0.005, word
     for word in ("will", "was", "were", "an", "some"):
-        assert share(lambda p: word in p.tgt.split()) >= 0.02, word
+        assert share(lambda p, word=word: word in p.tgt.split()) >= 0.02, word
 
 
 def test_split_gives_disjoint_sets_of_the_requested_sizes():

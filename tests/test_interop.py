@@ -8,18 +8,22 @@ from atencion.interop import from_hf, to_hf
 
 
 def small_hf_models():
-    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, T5Config,
-                              T5ForConditionalGeneration)
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     torch.manual_seed(0)
-    return [
-        ("encoder", BertForMaskedLM(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                               intermediate_size=64, max_position_embeddings=20, pad_token_id=0))),
-        ("decoder", GPT2LMHeadModel(GPT2Config(vocab_size=99, n_embd=32, n_layer=1, n_head=2, n_positions=20,
-                                               bos_token_id=98, eos_token_id=98))),
-        ("encoder-decoder", T5ForConditionalGeneration(T5Config(vocab_size=99, d_model=32, d_kv=16, d_ff=64, num_layers=1,
-                                                                num_heads=2))),
-    ]
+    bert = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=20, pad_token_id=0)
+    gpt2 = GPT2Config(vocab_size=99, n_embd=32, n_layer=1, n_head=2, n_positions=20, bos_token_id=98, eos_token_id=98)
+    t5 = T5Config(vocab_size=99, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2)
+    return [("encoder", BertForMaskedLM(bert)), ("decoder", GPT2LMHeadModel(gpt2)),
+            ("encoder-decoder", T5ForConditionalGeneration(t5))]
 
 
 @pytest.mark.parametrize("arch, hf_model", small_hf_models(), ids=["bert", "gpt2", "t5"])

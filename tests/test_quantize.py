@@ -6,10 +6,9 @@ import warnings
 import torch
 from torch import nn
 
-from atencion import Transformer
-from atencion.data.corpus import read_lines
-from atencion.data.tokenizer import Tokenizer
 from atencion.data.batching import collate
+from atencion.data.corpus import read_lines
+from atencion.decode.model_dir import load_model_dir
 from atencion.nn.quantize import Int8Linear, quantize_int8
 from atencion.train.trainer import train
 from conftest import random_batch, small_model
@@ -61,8 +60,7 @@ def test_int8_next_token_choices_of_a_trained_model_match_float32(tmp_path):
     summary = train(tiny_config(data, **{"train.max_steps": 400, "train.max_epochs": 1000, "model.dropout": 0.0,
                                          "model.d_model": 64, "model.d_ff": 128, "model.n_heads": 4}),
                     tmp_path / "run")
-    model = Transformer.load(summary["last_checkpoint"]).eval()
-    tokenizer = Tokenizer.load(summary["last_checkpoint"])
+    model, tokenizer = load_model_dir(summary["last_checkpoint"])
     pairs = zip(read_lines(data["data.train_src"])[:100], read_lines(data["data.train_tgt"])[:100])
     cfg = model.cfg
     batch = collate([(tokenizer.encode_src(s), tokenizer.encode_tgt(t)) for s, t in pairs],

@@ -7,13 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from atencion import Transformer
 from atencion.cli import main
 from atencion.data.tokenizer import Tokenizer
+from atencion.decode.model_dir import load_model_dir
 from atencion.demo import grammar
 from atencion.train.trainer import train
-from atencion.viz.attention import (AttentionMap, aggregate_words, alignment_error_rate, capture_attention,
-                                    corpus_alignment_error_rate, parse_pharaoh, word_alignment, word_labels)
+from atencion.viz.attention import (
+    AttentionMap,
+    aggregate_words,
+    alignment_error_rate,
+    capture_attention,
+    corpus_alignment_error_rate,
+    parse_pharaoh,
+    word_alignment,
+    word_labels,
+)
 from atencion.viz.plots import grid_figure, mean_figure
 from conftest import small_model
 from test_training import tiny_config
@@ -157,7 +165,7 @@ def test_alignment_error_rate_matches_hand_computed_values():
 
 def test_a_trained_model_attends_from_black_to_negro_and_from_cat_to_gato(trained_dir):
     model_dir = trained_dir
-    model, tokenizer = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    model, tokenizer = load_model_dir(model_dir)
     gold = grammar.translate_known(SRC)
     assert gold.tgt == TGT and {(2, 1), (1, 2)} <= set(gold.alignment)
     links = word_alignment(capture_attention(model, tokenizer, SRC, TGT).cross)
@@ -175,7 +183,8 @@ def test_attention_command_writes_every_file_it_promises(trained_dir, tmp_path, 
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads((out / "bertviz.json").read_text(encoding="utf-8"))
     s, t = len(d["encoder_tokens"]), len(d["decoder_tokens"])
-    assert d["encoder_tokens"] == Tokenizer.load(model_dir).src_pieces(SRC) + ["</s>"] and d["decoder_tokens"][0] == "<s>"
+    assert d["encoder_tokens"] == Tokenizer.load(model_dir).src_pieces(SRC) + ["</s>"]
+    assert d["decoder_tokens"][0] == "<s>"
     for key, shape in (("encoder_attention", (1, 4, s, s)), ("decoder_attention", (1, 4, t, t)),
                        ("cross_attention", (1, 4, t, s))):
         assert len(d[key]) == 2 and all(np.array(layer).shape == shape for layer in d[key])

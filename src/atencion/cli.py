@@ -9,10 +9,14 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .allocator import keep_freed_memory
 from .errors import AtencionError, Interrupted
 from .fileio import need_dir, need_file, need_output_dir, need_output_file
+
+if TYPE_CHECKING:
+    from .decode.settings import DecodeConfig
 
 # arguments: numbers checked by argparse, so a bad one is named by its option ----------------------
 
@@ -39,6 +43,44 @@ def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | 
 
 
 POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float, 0.0, highest=1e6)
+
+
+# decoding options, shared by translate and evaluate -----------------------------------------------
+
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of translate and evaluate that make a DecodeConfig (and the model to decode with)."""
+    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
+                   help="beam size, 1 to 64; 1 is greedy (default: 4)")
+    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
+    p.add_argument("--max-len-a", type=NON_NEGATIVE, default=1.0,
+                   help="output length ≤ a·source length + b (default a: 1)")
+    p.add_argument("--max-len-b", type=COUNT, default=50, help="(default b: 50, the paper's input length + 50)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
+                   help="a line of more subword pieces is refused before decoding starts (default: 1024; "
+                        "attention's memory grows with the square of the length)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--int8", action="store_true",
+                   help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
+                        "slightly less accurate: see docs/results.md)")
+
+
+def decode_config_of(args: argparse.Namespace) -> DecodeConfig:
+    """The DecodeConfig that the options of ``add_decoding_arguments`` give."""
+    from .decode.settings import DecodeConfig
+
+    return DecodeConfig(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+                        batch_tokens=args.batch_tokens)
+
+
+# the commands, in the order of `atencion --help`: each one's arguments, then what runs it ---------
+
+def add_presets_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vocab", type=_number(int, 5, highest=1_000_000), default=37000,
+                   help="vocabulary for base/big (default: 37000, the paper's)")
+    p.add_argument("--tiny-vocab", type=_number(int, 5, highest=1_000_000), default=10000,
+                   help="vocabulary for tiny, at most 1,000,000 (default: 10000)")
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -68,6 +110,44 @@ def cmd_presets(args: argparse.Namespace) -> None:
               f"{cfg.dropout:>9}{vocab:>8}{n / 1e6:>12.1f}M")
 
 
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="output directory, new or empty (default: runs/demo-DATE-TIME)")
+    p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--seed", type=COUNT, default=0, help="seed of the generated corpus (default: 0)")
+    p.add_argument("--train-size", type=_number(int, 10, highest=1_000_000), default=30000,
+                   help="generated training pairs, 10 to 1,000,000 (default: 30000)")
+    p.add_argument("--test-size", type=_number(int, 1, highest=100_000), default=500,
+                   help="held-out test pairs, 1 to 100,000 (default: 500)")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """Generate a Spanish→English corpus from the project's own grammar, train a tiny model on it
+    (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
+    import time
+
+    from .demo.run import run_demo
+
+    out = need_output_dir(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), "--out")
+    if args.config:
+        need_file(args.config, "--config")
+    summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
+                       n_test=args.test_size, seed=args.seed)
+    for example in summary.pop("examples"):
+        right = example["translation"] == example["expected"]
+        print(f"{'✓' if right else '✗'} {example['src']}  →  {example['translation']}"
+              + ("" if right else f"   (expected: {example['expected']})"))
+    print(json.dumps(summary))
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
+    p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a translator from a YAML config (see configs/reference.yaml)."""
     from .train.config import load_config
@@ -80,6 +160,15 @@ def cmd_train(args: argparse.Namespace) -> None:
     command = ["atencion", "train", args.config, "--out", args.out, *(f"--set={s}" for s in args.set or [])]
     summary = train(cfg, args.out, resume=args.resume, command=command)
     print(json.dumps(summary))
+
+
+def add_translate_arguments(p: argparse.ArgumentParser) -> None:
+    add_decoding_arguments(p)
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--output", help="output file (default: stdout); written atomically")
+    p.add_argument("--nbest", type=POSITIVE, default=1,
+                   help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
@@ -107,9 +196,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     source = args.input or getattr(sys.stdin, "buffer", sys.stdin)
     lines = read_lines(source, allow_empty=True, errors="replace", name=args.input or "stdin", warn=warn)
-    results = translate_lines(model, tokenizer, lines, args.beam, args.alpha, args.max_len_a,
-                              args.max_len_b, args.batch_tokens, args.nbest, args.max_input_tokens,
-                              args.input or "stdin")
+    results = translate_lines(model, tokenizer, lines, decode_config_of(args), nbest=args.nbest,
+                              max_src_tokens=args.max_input_tokens, source=args.input or "stdin")
     if args.nbest > 1:
         text = "".join(f"{i} ||| {t.text} ||| {t.score:.4f}\n" for i, hyps in enumerate(results) for t in hyps)
     else:
@@ -118,6 +206,19 @@ def cmd_translate(args: argparse.Namespace) -> None:
         atomic_write(args.output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     else:
         sys.stdout.write(text)
+
+
+def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    add_decoding_arguments(p)
+    p.add_argument("--src", required=True, help="source sentences, one a line")
+    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
+    p.add_argument("--output", help="also write the translations to this file (and, with --raw-ref, "
+                                    "the detokenized ones to OUTPUT.detok)")
+    p.add_argument("--raw-ref", help="raw references (cased, untokenized), aligned with --src: score the "
+                                     "detokenized output against them with sacreBLEU (needs sacremoses)")
+    p.add_argument("--recase-from", help="raw text in the target language (e.g. the raw training targets) "
+                                         "to learn each word's casing from, to recase the output")
+    p.add_argument("--lang", help="target language for detokenizing (default: from --raw-ref's name, e.g. test.de.gz)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -132,45 +233,16 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.output:
         need_output_file(args.output, "--output")
     need_dir(args.model, "--model")
-    result = evaluate(args.model, args.src, args.ref, args.beam, args.alpha, args.max_len_a,
-                      args.max_len_b, args.batch_tokens, args.output, args.device,
-                      args.raw_ref, args.recase_from, args.lang, args.int8, args.max_input_tokens)
+    result = evaluate(args.model, args.src, args.ref, decode_config_of(args), output=args.output,
+                      device=args.device, raw_ref=args.raw_ref, recase_from=args.recase_from, lang=args.lang,
+                      int8=args.int8, max_src_tokens=args.max_input_tokens)
     print(json.dumps(result))
 
 
-def cmd_average(args: argparse.Namespace) -> None:
-    """Average the weights of checkpoints (model directories) into a new model directory."""
-    from .train.checkpoint import average_checkpoints
-
-    checkpoints = [need_dir(p, "CKPT") for p in args.checkpoints]
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise AtencionError(f"--out {out}: is a file; expected a directory")
-    if out.exists() and any(out.iterdir()) and not args.force:
-        raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
-    if any(out.resolve() == p.resolve() for p in checkpoints):
-        raise AtencionError(f"--out {out} is one of the checkpoints being averaged; choose another directory")
-    average_checkpoints(checkpoints, out)
-    print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
-
-
-def cmd_demo(args: argparse.Namespace) -> None:
-    """Generate a Spanish→English corpus from the project's own grammar, train a tiny model on it
-    (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
-    import time
-
-    from .demo.run import run_demo
-
-    out = need_output_dir(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), "--out")
-    if args.config:
-        need_file(args.config, "--config")
-    summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
-                       n_test=args.test_size, seed=args.seed)
-    for example in summary.pop("examples"):
-        right = example["translation"] == example["expected"]
-        print(f"{'✓' if right else '✗'} {example['src']}  →  {example['translation']}"
-              + ("" if right else f"   (expected: {example['expected']})"))
-    print(json.dumps(summary))
+def add_download_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", choices=["multi30k"], help="which dataset")
+    p.add_argument("--out", default="data/multi30k", help="output directory (default: data/multi30k)")
+    p.add_argument("--base-url", help="repository URL to fetch from (default: the multi30k/dataset GitHub repository)")
 
 
 def cmd_download(args: argparse.Namespace) -> None:
@@ -182,20 +254,51 @@ def cmd_download(args: argparse.Namespace) -> None:
     print(json.dumps({"dataset": args.dataset, "out": args.out, "files_written": len(written)}))
 
 
+def add_attention_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--src", required=True, help="source sentence")
+    p.add_argument("--tgt", help="target sentence, teacher-forced (default: the model's own translation)")
+    p.add_argument("--out", required=True, help="output directory (files of the same names are replaced)")
+    p.add_argument("--words", action="store_true",
+                   help="aggregate subword pieces into words: mean over a word's query rows, sum over its key columns")
+    p.add_argument("--shift", choices=["predict", "input"], default="predict",
+                   help="cross-attention row for target piece j: 'predict', row j, whose output predicts it "
+                        "(default); 'input', row j+1, where it is the decoder's input")
+    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4, help="beam size when decoding (default: 4)")
+    p.add_argument("--max-tokens", type=_number(int, 1, highest=512), default=128,
+                   help="most subword pieces on either side, at most 512 (default: 128; the maps grow with "
+                        "the square of the length), checked before any work")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write every attention map of one sentence pair into --out: encoder.png, decoder.png,
     cross.png (layers × heads), cross_mean.png, bertviz.json and attention.html. Without --tgt
     the model translates --src first (beam search) and its output is the target."""
     from .decode.model_dir import load_model_dir
+    from .decode.settings import DecodeConfig
     from .viz.attention import CAUTION
     from .viz.report import write_attention_report
 
     need_output_dir(args.out, "--out", empty=False)
     model, tokenizer = load_model_dir(args.model, args.device)
-    summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt,
-                                     args.words, args.shift, args.beam, args.max_tokens)
+    summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt, args.words, args.shift,
+                                     DecodeConfig(beam=args.beam), args.max_tokens)
     print(f"note: {CAUTION}", file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False))
+
+
+def add_aer_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--src", required=True, help="source sentences, one a line")
+    p.add_argument("--tgt", required=True, help="target sentences (teacher-forced), aligned with --src")
+    p.add_argument("--align", required=True, help="gold alignments, Pharaoh 'i-j' (source i, target j; 'i?j' possible)")
+    p.add_argument("--max-sentences", type=COUNT, default=0, help="use the first N sentences (default: all)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=1024,
+                   help="a sentence of more subword pieces on either side is refused before any work (default: 1024)")
+    p.add_argument("--shift", choices=["predict", "input"], default="predict",
+                   help="cross-attention row for target word j: 'predict' (row j, default) or 'input' (row j+1)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
 
 
 def cmd_aer(args: argparse.Namespace) -> None:
@@ -216,6 +319,11 @@ def cmd_aer(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def add_figures_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory (files in it with the same names are replaced)")
+    p.add_argument("--quick", action="store_true", help="Table 1 for n ≤ 512 and fewer samples (well under a minute)")
+
+
 def cmd_figures(args: argparse.Namespace) -> None:
     """Compute the course's figures and tables on this machine: sinusoidal positions, maximum path
     lengths, Table 1 measured (time and memory per layer), and why attention divides by √d_k."""
@@ -229,6 +337,12 @@ def cmd_figures(args: argparse.Namespace) -> None:
         print(f"  {path}")
 
 
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
+    p.add_argument("--out", required=True, help="output directory, new or empty")
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     """Export a model directory for another runtime: ctranslate2 (CTranslate2 model), hf (Hugging
     Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
@@ -238,6 +352,29 @@ def cmd_export(args: argparse.Namespace) -> None:
     need_output_dir(args.out, "--out")
     files = export_model_dir(args.model, args.out, args.format)
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
+                   help="a model directory, optionally named (repeatable; the first is the default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_number(int, 0, highest=65535), default=8000, help="port (default: 8000)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
+                   help="source tokens decoded together at most (default: 4096)")
+    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0,
+                   help="how long a request waits for others to share its batch (default: 5)")
+    p.add_argument("--max-sentences", type=POSITIVE, default=64, help="sentences per request (default: 64)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=256, help="subword pieces per sentence (default: 256)")
+    p.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20,
+                   help="request body size; larger is answered 413 (default: 1 MiB)")
+    p.add_argument("--max-queue", type=POSITIVE, default=256,
+                   help="requests waiting per model; more are answered 429 with Retry-After (default: 256)")
+    p.add_argument("--timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=60.0,
+                   help="seconds per request, waiting included; then 504 (default: 60)")
+    p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
+                                     "endpoint but /health (default: $ATENCION_API_KEY, else none)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -260,21 +397,43 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(load_models(args.model, args.device), args.host, args.port, settings)
 
 
-def _decoding_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
-    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
-                   help="beam size, 1 to 64; 1 is greedy (default: 4)")
-    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
-    p.add_argument("--max-len-a", type=NON_NEGATIVE, default=1.0, help="output length ≤ a·source length + b (default a: 1)")
-    p.add_argument("--max-len-b", type=COUNT, default=50, help="(default b: 50, the paper's input length + 50)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch (default: 4096)")
-    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
-                   help="a line of more subword pieces is refused before decoding starts (default: 1024; "
-                        "attention's memory grows with the square of the length)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
-    p.add_argument("--int8", action="store_true",
-                   help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
-                        "slightly less accurate: see docs/results.md)")
+def add_average_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint directories")
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    """Average the weights of checkpoints (model directories) into a new model directory."""
+    from .train.checkpoint import average_checkpoints
+
+    checkpoints = [need_dir(p, "CKPT") for p in args.checkpoints]
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"--out {out}: is a file; expected a directory")
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
+    if any(out.resolve() == p.resolve() for p in checkpoints):
+        raise AtencionError(f"--out {out} is one of the checkpoints being averaged; choose another directory")
+    average_checkpoints(checkpoints, out)
+    print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
+
+
+# (name, help, its arguments, the function that runs it), in the order of `atencion --help`
+COMMANDS = [
+    ("presets", "run a tiny model on an example batch; list preset sizes", add_presets_arguments, cmd_presets),
+    ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
+    ("train", "train a translator", add_train_arguments, cmd_train),
+    ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
+    ("evaluate", "translate a test set and score it", add_evaluate_arguments, cmd_evaluate),
+    ("download", "download a public dataset (multi30k)", add_download_arguments, cmd_download),
+    ("attention", "plot every attention map of one sentence pair", add_attention_arguments, cmd_attention),
+    ("aer", "alignment error rate of cross-attention against gold alignments", add_aer_arguments, cmd_aer),
+    ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
+    ("export", "export a model to ctranslate2, hf (Marian) or onnx", add_export_arguments, cmd_export),
+    ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
+    ("average", "average checkpoints", add_average_arguments, cmd_average),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,136 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser("presets", help="run a tiny model on an example batch; list preset sizes",
-                       description=cmd_presets.__doc__)
-    p.add_argument("--vocab", type=_number(int, 5, highest=1_000_000), default=37000, help="vocabulary for base/big (default: 37000, the paper's)")
-    p.add_argument("--tiny-vocab", type=_number(int, 5, highest=1_000_000), default=10000,
-                   help="vocabulary for tiny, at most 1,000,000 (default: 10000)")
-    p.set_defaults(func=cmd_presets)
-
-    p = sub.add_parser("demo", help="train the embedded Spanish→English model and translate examples",
-                       description=cmd_demo.__doc__)
-    p.add_argument("--out", help="output directory, new or empty (default: runs/demo-DATE-TIME)")
-    p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
-    p.add_argument("--seed", type=COUNT, default=0, help="seed of the generated corpus (default: 0)")
-    p.add_argument("--train-size", type=_number(int, 10, highest=1_000_000), default=30000,
-                   help="generated training pairs, 10 to 1,000,000 (default: 30000)")
-    p.add_argument("--test-size", type=_number(int, 1, highest=100_000), default=500,
-                   help="held-out test pairs, 1 to 100,000 (default: 500)")
-    p.set_defaults(func=cmd_demo)
-
-    p = sub.add_parser("train", help="train a translator", description=cmd_train.__doc__)
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
-                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("translate", help="translate text with a trained model", description=cmd_translate.__doc__)
-    _decoding_options(p)
-    p.add_argument("--input", help="input file (default: stdin)")
-    p.add_argument("--output", help="output file (default: stdout); written atomically")
-    p.add_argument("--nbest", type=POSITIVE, default=1,
-                   help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
-    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
-    p.set_defaults(func=cmd_translate)
-
-    p = sub.add_parser("evaluate", help="translate a test set and score it", description=cmd_evaluate.__doc__)
-    _decoding_options(p)
-    p.add_argument("--src", required=True, help="source sentences, one a line")
-    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
-    p.add_argument("--output", help="also write the translations to this file (and, with --raw-ref, "
-                                    "the detokenized ones to OUTPUT.detok)")
-    p.add_argument("--raw-ref", help="raw references (cased, untokenized), aligned with --src: score the "
-                                     "detokenized output against them with sacreBLEU (needs sacremoses)")
-    p.add_argument("--recase-from", help="raw text in the target language (e.g. the raw training targets) "
-                                         "to learn each word's casing from, to recase the output")
-    p.add_argument("--lang", help="target language for detokenizing (default: from --raw-ref's name, e.g. test.de.gz)")
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser("download", help="download a public dataset (multi30k)", description=cmd_download.__doc__)
-    p.add_argument("dataset", choices=["multi30k"], help="which dataset")
-    p.add_argument("--out", default="data/multi30k", help="output directory (default: data/multi30k)")
-    p.add_argument("--base-url", help="repository URL to fetch from (default: the multi30k/dataset GitHub repository)")
-    p.set_defaults(func=cmd_download)
-
-    p = sub.add_parser("attention", help="plot every attention map of one sentence pair",
-                       description=cmd_attention.__doc__)
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--src", required=True, help="source sentence")
-    p.add_argument("--tgt", help="target sentence, teacher-forced (default: the model's own translation)")
-    p.add_argument("--out", required=True, help="output directory (files of the same names are replaced)")
-    p.add_argument("--words", action="store_true",
-                   help="aggregate subword pieces into words: mean over a word's query rows, sum over its key columns")
-    p.add_argument("--shift", choices=["predict", "input"], default="predict",
-                   help="cross-attention row for target piece j: 'predict', row j, whose output predicts it "
-                        "(default); 'input', row j+1, where it is the decoder's input")
-    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4, help="beam size when decoding (default: 4)")
-    p.add_argument("--max-tokens", type=_number(int, 1, highest=512), default=128,
-                   help="most subword pieces on either side, at most 512 (default: 128; the maps grow with "
-                        "the square of the length), checked before any work")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-    p.set_defaults(func=cmd_attention)
-
-    p = sub.add_parser("aer", help="alignment error rate of cross-attention against gold alignments",
-                       description=cmd_aer.__doc__)
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--src", required=True, help="source sentences, one a line")
-    p.add_argument("--tgt", required=True, help="target sentences (teacher-forced), aligned with --src")
-    p.add_argument("--align", required=True, help="gold alignments, Pharaoh 'i-j' (source i, target j; 'i?j' possible)")
-    p.add_argument("--max-sentences", type=COUNT, default=0, help="use the first N sentences (default: all)")
-    p.add_argument("--max-tokens", type=POSITIVE, default=1024,
-                   help="a sentence of more subword pieces on either side is refused before any work (default: 1024)")
-    p.add_argument("--shift", choices=["predict", "input"], default="predict",
-                   help="cross-attention row for target word j: 'predict' (row j, default) or 'input' (row j+1)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-    p.set_defaults(func=cmd_aer)
-
-    p = sub.add_parser("figures", help="the course's figures and Table 1, measured here",
-                       description=cmd_figures.__doc__)
-    p.add_argument("--out", required=True, help="output directory (files in it with the same names are replaced)")
-    p.add_argument("--quick", action="store_true", help="Table 1 for n ≤ 512 and fewer samples (well under a minute)")
-    p.set_defaults(func=cmd_figures)
-
-    p = sub.add_parser("export", help="export a model to ctranslate2, hf (Marian) or onnx",
-                       description=cmd_export.__doc__)
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
-    p.add_argument("--out", required=True, help="output directory, new or empty")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("serve", help="serve models over HTTP, with the attention explorer page",
-                       description=cmd_serve.__doc__)
-    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
-                   help="a model directory, optionally named (repeatable; the first is the default)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=_number(int, 0, highest=65535), default=8000, help="port (default: 8000)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
-                   help="source tokens decoded together at most (default: 4096)")
-    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0,
-                   help="how long a request waits for others to share its batch (default: 5)")
-    p.add_argument("--max-sentences", type=POSITIVE, default=64, help="sentences per request (default: 64)")
-    p.add_argument("--max-tokens", type=POSITIVE, default=256, help="subword pieces per sentence (default: 256)")
-    p.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20,
-                   help="request body size; larger is answered 413 (default: 1 MiB)")
-    p.add_argument("--max-queue", type=POSITIVE, default=256,
-                   help="requests waiting per model; more are answered 429 with Retry-After (default: 256)")
-    p.add_argument("--timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=60.0,
-                   help="seconds per request, waiting included; then 504 (default: 60)")
-    p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
-                                     "endpoint but /health (default: $ATENCION_API_KEY, else none)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("average", help="average checkpoints", description=cmd_average.__doc__)
-    p.add_argument("--out", required=True, help="output model directory")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint directories")
-    p.set_defaults(func=cmd_average)
+    for name, help_text, add_arguments, run in COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=run.__doc__)
+        add_arguments(p)
+        p.set_defaults(func=run)
     return parser
 
 

@@ -5,10 +5,13 @@ and detokenizing the output (``data/postprocess.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .data.corpus import read_lines
 from .errors import AtencionError
+
+if TYPE_CHECKING:
+    from .decode.settings import DecodeConfig
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, float]:
@@ -50,21 +53,23 @@ def raw_score(hypotheses: list[str], raw_references: list[str], lang: str,
     return result, lines
 
 
-def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int = 4, alpha: float = 0.6,
-             max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4096,
+def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, decode: DecodeConfig | None = None, *,
              output: str | Path | None = None, device: str = "cpu", raw_ref: str | Path | None = None,
              recase_from: str | Path | None = None, lang: str | None = None,
-             int8: bool = False, max_src_tokens: int = 0) -> dict[str, Any]:
-    """Translate ``src`` with the model in ``model_dir`` and score it against ``ref``; with
-    ``raw_ref`` also against the raw references (see ``raw_score``; ``lang`` defaults to the
-    suffix of ``raw_ref``'s name, as in ``test.de.gz``). ``int8``: decode with the int8 copy of
-    the model (``nn/quantize.py``). ``max_src_tokens``: see ``translate_lines``. Output files are
+             int8: bool = False, max_src_tokens: int = 0, **settings: Any) -> dict[str, Any]:
+    """Translate ``src`` with the model in ``model_dir``, decoding as ``decode`` says (default:
+    ``DecodeConfig()``; loose ``beam=``, ``alpha=``, ... keywords override it), and score it against
+    ``ref``; with ``raw_ref`` also against the raw references (see ``raw_score``; ``lang`` defaults
+    to the suffix of ``raw_ref``'s name, as in ``test.de.gz``). ``int8``: decode with the int8 copy
+    of the model (``nn/quantize.py``). ``max_src_tokens``: see ``translate_lines``. Output files are
     written atomically (a failed write leaves an older file as it was)."""
     from .data.postprocess import language_of
     from .decode.model_dir import load_model_dir
+    from .decode.settings import decode_config
     from .decode.translate import translate_lines
     from .fileio import atomic_write_text
 
+    d = decode_config(decode, **settings)
     sources, references = read_lines(src), read_lines(ref)
     if len(sources) != len(references):
         raise AtencionError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
@@ -79,8 +84,7 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
             raise AtencionError(f"cannot tell the language of {raw_ref} from its name; pass --lang (e.g. de)")
         recase_lines = read_lines(recase_from) if recase_from is not None else None
     model, tokenizer = load_model_dir(model_dir, device, int8)
-    translations = translate_lines(model, tokenizer, sources, beam, alpha, max_len_a, max_len_b, batch_tokens,
-                                   max_src_tokens=max_src_tokens, source=str(src))
+    translations = translate_lines(model, tokenizer, sources, d, max_src_tokens=max_src_tokens, source=str(src))
     hypotheses = [t[0].text for t in translations]
     if output is not None:
         atomic_write_text(output, "".join(h + "\n" for h in hypotheses))
@@ -91,6 +95,6 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, beam: int 
         if output is not None:
             atomic_write_text(f"{output}.detok", "".join(line + "\n" for line in lines))
         result.update(raw_ref=str(raw_ref), recase_from=None if recase_from is None else str(recase_from))
-    result.update(sentences=len(sources), int8=int8, beam=beam, alpha=alpha, max_len_a=max_len_a,
-                  max_len_b=max_len_b, model=str(model_dir), src=str(src), ref=str(ref))
+    result.update(sentences=len(sources), int8=int8, beam=d.beam, alpha=d.alpha, max_len_a=d.max_len_a,
+                  max_len_b=d.max_len_b, model=str(model_dir), src=str(src), ref=str(ref))
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -11,6 +12,7 @@ from ..data.tokenizer import Tokenizer
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
 from .search import beam_search, greedy_search
+from .settings import DecodeConfig, decode_config
 
 
 @dataclass
@@ -20,19 +22,21 @@ class Translation:
     tokens: list[int]
 
 
-def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
-                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-                    batch_tokens: int = 4096, nbest: int = 1, max_src_tokens: int = 0,
-                    source: str = "input") -> list[list[Translation]]:
-    """The ``nbest`` best translations of every line, in the order of ``lines``.
+def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str],
+                    decode: DecodeConfig | None = None, *, nbest: int = 1, max_src_tokens: int = 0,
+                    source: str = "input", **settings: Any) -> list[list[Translation]]:
+    """The ``nbest`` best translations of every line, in the order of ``lines``, decoded as
+    ``decode`` says (default: ``DecodeConfig()``; loose ``beam=``, ``alpha=``, ... keywords of older
+    calls override it).
 
     An empty (or all-blank) line gets one empty translation, so output lines match input lines.
     ``max_src_tokens`` (0: none): a line of more subwords is refused, naming ``source`` and the
     line, before anything is decoded. A model whose scores are not finite (diverged weights) is
     an AtencionError, never a missing line.
     """
-    if beam < 1 or nbest < 1 or nbest > beam:
-        raise AtencionError(f"need 1 ≤ nbest ≤ beam, got beam={beam}, nbest={nbest}")
+    d = decode_config(decode, **settings)
+    if d.beam < 1 or nbest < 1 or nbest > d.beam:
+        raise AtencionError(f"need 1 ≤ nbest ≤ beam, got beam={d.beam}, nbest={nbest}")
     model.eval()
     device = next(model.parameters()).device
     cfg = model.cfg
@@ -45,18 +49,18 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
     results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
     todo = [i for i, ids in enumerate(encoded) if ids]
     lengths = [(len(encoded[i]), len(encoded[i])) for i in todo]
-    for group in token_batches(lengths, batch_tokens, seed=None):
+    for group in token_batches(lengths, d.batch_tokens, seed=None):
         rows = [todo[j] for j in group]
         longest = max(len(encoded[i]) for i in rows) + 1
         src = torch.full((len(rows), longest), cfg.pad_id, dtype=torch.long)
         for r, i in enumerate(rows):
             src[r, : len(encoded[i]) + 1] = torch.tensor(encoded[i] + [cfg.eos_id])
         src = src.to(device)
-        if beam == 1:
-            outputs = [[(tokens, 0.0)] for tokens in greedy_search(model, src, max_len_a, max_len_b)]
+        if d.beam == 1:
+            outputs = [[(tokens, 0.0)] for tokens in greedy_search(model, src, d.max_len_a, d.max_len_b)]
         else:
             outputs = [[(h.tokens, h.score) for h in hyps]
-                       for hyps in beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest)]
+                       for hyps in beam_search(model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, nbest)]
         for i, hyps in zip(rows, outputs):
             if len(hyps) < nbest:
                 raise AtencionError(f"{source} line {i + 1}: the model's scores are not finite (NaN), so "

@@ -23,10 +23,10 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
              n_train: int = 30000, n_valid: int = 300, n_test: int = 500, seed: int = 0) -> dict[str, Any]:
     """Train the embedded Spanish→English model under ``out`` and return the demo's summary,
     with, under "examples", each example sentence, the model's translation and the grammar's."""
-    from ..data.tokenizer import Tokenizer
+    from ..decode.model_dir import load_model_dir
+    from ..decode.settings import DecodeConfig
     from ..decode.translate import translate_lines
     from ..evaluate import score
-    from ..nn.transformer import Transformer
     from ..train.config import load_config
     from ..train.trainer import train
 
@@ -43,16 +43,15 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
     summary = train(cfg, out / "run")
     model_dir = Path(summary["best_model"] or summary["last_checkpoint"])
 
-    model = Transformer.load(model_dir).eval()
-    tokenizer = Tokenizer.load(model_dir)
+    model, tokenizer = load_model_dir(model_dir)
     d = cfg.decode
-    hyps = [t[0].text for t in translate_lines(model, tokenizer, [p.src for p in test_pairs],
-                                                d.beam, d.alpha, d.max_len_a, d.max_len_b, d.batch_tokens)]
+    hyps = [t[0].text for t in translate_lines(model, tokenizer, [p.src for p in test_pairs], d)]
     refs = [p.tgt for p in test_pairs]
+    examples_decode = DecodeConfig(beam=d.beam, alpha=d.alpha)  # the default length limits and batches
     exact = sum(h == r for h, r in zip(hyps, refs)) / len(refs)
     scores = score(hyps, refs)
     examples = [{"src": src, "translation": hyp[0].text, "expected": grammar.translate_known(src).tgt}
-                for src, hyp in zip(EXAMPLES, translate_lines(model, tokenizer, EXAMPLES, d.beam, d.alpha))]
+                for src, hyp in zip(EXAMPLES, translate_lines(model, tokenizer, EXAMPLES, examples_decode))]
     return {"examples": examples, "exact_match": round(exact, 4), "bleu": scores["bleu"], "chrf": scores["chrf"],
             "test_sentences": len(refs), "train_steps": summary["steps"], "train_seconds": summary["seconds"],
             "seconds": round(time.time() - start, 1), "model_dir": str(model_dir)}

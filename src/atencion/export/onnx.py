@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..nn.attention import causal_mask
 from ..nn.cache import KVCache
 from ..nn.positional import sinusoidal_table
-from ..nn.attention import causal_mask
 
 ENCODER_FILE, DECODER_FILE, CONFIG_FILE = "encoder.onnx", "decoder_step.onnx", "config.json"
 OPSET = 18

@@ -8,7 +8,8 @@ from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .transformer import ClassificationHead, Decoder, Encoder, Generator, MaskedLMHead, Transformer
 
 __all__ = [
-    "BeamKVCache", "KVCache", "MultiHeadAttention", "Packing", "scaled_dot_product_attention", "Dropout", "fast_dropout",
+    "BeamKVCache", "KVCache", "MultiHeadAttention", "Packing", "scaled_dot_product_attention",
+    "Dropout", "fast_dropout",
     "Block", "FeedForward", "Residual",
     "LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "TokenEmbedding", "sinusoidal_table",
     "ClassificationHead", "Decoder", "DecoderState", "Encoder", "Generator", "MaskedLMHead", "Transformer",

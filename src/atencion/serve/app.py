@@ -24,8 +24,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
-from .batching import Batcher, DecodeOptions, Job, QueueFull, resolve
+from .batching import Batcher, Job, QueueFull, resolve
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
@@ -147,7 +148,8 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         seconds = time.perf_counter() - began
         metrics.request(endpoint, response.status_code, seconds)
         log.info(json.dumps({"method": request.method, "path": path, "status": response.status_code,
-                             "ms": round(seconds * 1000, 1), "client": request.client.host if request.client else None}))
+                             "ms": round(seconds * 1000, 1),
+                             "client": request.client.host if request.client else None}))
         return response
 
     # the endpoints ---------------------------------------------------------------------------------
@@ -198,10 +200,10 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
                 raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of "
                                    f"{settings.max_tokens}")
             tokens += pieces + 1
-        options = DecodeOptions(body.beam, body.alpha, body.max_len_a, body.max_len_b, body.nbest)
+        decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = Job(body.sentences, tokens, options, resolve(loop, future), attention=body.attention)
+        job = Job(body.sentences, tokens, decode, resolve(loop, future), nbest=body.nbest, attention=body.attention)
         try:
             batchers[m.name].submit(job)
         except QueueFull as err:

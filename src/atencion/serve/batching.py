@@ -11,6 +11,7 @@ behind another, and a lone request waits at most ``max_wait_ms`` more than it wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -18,32 +19,28 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, translate_lines
 from ..errors import AtencionError
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DecodeOptions:
-    """The settings a batch must share."""
-
-    beam: int = 4
-    alpha: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    nbest: int = 1
-
-
 @dataclass
 class Job:
     sentences: list[str]
     tokens: int                               # source pieces in all its sentences
-    options: DecodeOptions
+    decode: DecodeConfig                      # batch_tokens aside: the Batcher's budget replaces it
     done: Callable[[Any, BaseException | None], None]   # called once, from the worker thread
+    nbest: int = 1
     attention: bool = False
     enqueued: float = field(default_factory=time.monotonic)
     cancelled: bool = False                   # the client gave up (timeout): skip it
+
+    @property
+    def options(self) -> tuple[DecodeConfig, int]:
+        """The settings a batch must share."""
+        return self.decode, self.nbest
 
 
 class QueueFull(AtencionError):
@@ -130,10 +127,10 @@ class Batcher:
     def _run(self, batch: list[Job]) -> None:
         if not batch:
             return
-        o = batch[0].options
+        first = batch[0]
+        decode = dataclasses.replace(first.decode, batch_tokens=self.batch_tokens)
         lines = [s for job in batch for s in job.sentences]
-        results = translate_lines(self.model, self.tokenizer, lines, o.beam, o.alpha, o.max_len_a, o.max_len_b,
-                                  batch_tokens=self.batch_tokens, nbest=o.nbest, source="request")
+        results = translate_lines(self.model, self.tokenizer, lines, decode, nbest=first.nbest, source="request")
         self.on_batch(len(lines), sum(job.tokens for job in batch))
         start = 0
         for job in batch:

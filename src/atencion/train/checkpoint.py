@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
+from ..decode.model_dir import load_model_dir
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text
 from ..nn.transformer import Transformer, non_finite
@@ -127,11 +128,10 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
     One model is held at a time (a running sum in float64), so any number of checkpoints fits."""
     if not paths:
         raise AtencionError("average: give at least one checkpoint directory")
-    first = Transformer.load(paths[0])
-    tokenizer = Tokenizer.load(paths[0])
+    first, tokenizer = load_model_dir(paths[0], what="CKPT")
     sums = {name: value.double() for name, value in first.state_dict().items() if value.is_floating_point()}
     for path in paths[1:]:
-        model = Transformer.load(path)
+        model = Transformer.load(path)  # the weights only: its tokenizer must be the first's, byte for byte
         if model.cfg != first.cfg:
             key = next(k for k, v in first.cfg.to_dict().items() if getattr(model.cfg, k) != v)
             raise AtencionError(f"{path / 'config.json'}: {key} is {getattr(model.cfg, key)!r} but "

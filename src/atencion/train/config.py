@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from ..config import ModelConfig
+from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
 
 
@@ -62,15 +63,6 @@ class OptimConfig:
     threads: int = 0                    # torch intra-op threads (0: torch's default)
     progress: bool = True               # a progress bar on stderr
     tensorboard: bool = True            # TensorBoard event files in OUT/tensorboard
-
-
-@dataclass
-class DecodeConfig:
-    beam: int = 4
-    alpha: float = 0.6                  # length penalty of Wu et al. (2016)
-    max_len_a: float = 1.0              # output length ≤ a · source length + b
-    max_len_b: int = 50
-    batch_tokens: int = 4096            # source tokens per decoding batch
 
 
 @dataclass

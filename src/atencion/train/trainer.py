@@ -26,6 +26,7 @@ from ..config import ModelConfig
 from ..data.batching import Example, collate, token_batches
 from ..data.corpus import read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..decode.model_dir import load_model_dir
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
@@ -135,7 +136,7 @@ class Trainer:
                 for line in clean_stale_temporaries(directory):
                     log.warning("%s (left by an interrupted process)", line)
         if resume:
-            self.tokenizer = Tokenizer.load(checkpoints[-1])
+            saved, self.tokenizer = load_model_dir(checkpoints[-1], what="checkpoint")
         else:
             if self.dist.main:
                 try:
@@ -169,9 +170,9 @@ class Trainer:
                                       "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
                                       "valid_seconds": 0.0, "update_seconds": 0.0, "target_tokens": 0}
         if resume:
-            saved = Transformer.load(checkpoints[-1], self.device)
             _same_model(saved.cfg, model_cfg, checkpoints[-1])
             self.model.load_state_dict(saved.state_dict())
+            del saved
             saved_state = load_training_state(checkpoints[-1], self.optimizer)
             saved_state.setdefault("update_seconds",  # checkpoints written before updates were timed apart
                                    max(saved_state["train_seconds"] - saved_state["valid_seconds"], 0.0))
@@ -264,8 +265,7 @@ class Trainer:
                   "valid_ppl": math.exp(min(nll_sum / tokens, 50))}
         if t.valid_bleu:
             pairs = self.valid_pairs[: t.valid_bleu_sentences or None]
-            out = translate_lines(self.model, self.tokenizer, [s for s, _ in pairs], d.beam, d.alpha,
-                                  d.max_len_a, d.max_len_b, d.batch_tokens)
+            out = translate_lines(self.model, self.tokenizer, [s for s, _ in pairs], d)
             scores = score([o[0].text for o in out], [r for _, r in pairs])
             result.update({f"valid_{k}": v for k, v in scores.items()})
         return result

@@ -1,7 +1,14 @@
 """Inspecting attention: capture every weight, aggregate pieces into words, align, plot, write HTML."""
 
-from .attention import (CAUTION, Attention, AttentionMap, alignment_error_rate, capture_attention,
-                        corpus_alignment_error_rate, word_alignment)
+from .attention import (
+    CAUTION,
+    Attention,
+    AttentionMap,
+    alignment_error_rate,
+    capture_attention,
+    corpus_alignment_error_rate,
+    word_alignment,
+)
 
 __all__ = ["CAUTION", "Attention", "AttentionMap", "alignment_error_rate", "capture_attention",
            "corpus_alignment_error_rate", "word_alignment"]

@@ -76,7 +76,8 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def _write_json(path: Path, data) -> Path:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"))
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return path
 
 
@@ -220,7 +221,8 @@ def table1_markdown(results: dict) -> str:
                      f"| {row['expected_exponent']} | {_exponent(row['time_exponent'])} "
                      f"({_exponent(row['time_exponent_all_n'])}) | {_exponent(row['memory_exponent'])} "
                      f"({_exponent(row['memory_exponent_all_n'])}) |")
-    for title, key, scale, fmt in (("Time (ms)", "seconds", 1000, "{:.1f}"), ("Peak memory (MiB)", "peak_mib", 1, "{:.1f}")):
+    for title, key, scale, fmt in (("Time (ms)", "seconds", 1000, "{:.1f}"),
+                                   ("Peak memory (MiB)", "peak_mib", 1, "{:.1f}")):
         lines += ["", f"## {title}", "", "| n | " + " | ".join(layers) + " |", "|---" * (len(layers) + 1) + "|"]
         for i, n in enumerate(st["n"]):
             cells = ("n/a" if row[key][i] is None else fmt.format(row[key][i] * scale) for row in layers.values())

@@ -28,6 +28,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..decode.settings import DecodeConfig, decode_config
 from ..errors import AtencionError
 from ..fileio import atomic_write
 from .attention import Attention, capture_attention, format_pharaoh, word_alignment
@@ -52,11 +53,12 @@ def bertviz_data(attention: Attention) -> dict[str, Any]:
 
 
 def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str | None = None,
-                           words: bool = False, shift: str = "predict", beam: int = 4,
-                           max_tokens: int = 128) -> dict[str, Any]:
+                           words: bool = False, shift: str = "predict", decode: DecodeConfig | None = None,
+                           max_tokens: int = 128, **settings: Any) -> dict[str, Any]:
     """Capture every attention map of ``src`` → ``tgt`` and write FILES into ``out``.
 
-    Without ``tgt`` the model translates ``src`` first (beam search) and its own output, token for
+    Without ``tgt`` the model translates ``src`` first (beam search as ``decode`` says; default
+    ``DecodeConfig()``, loose ``beam=``, ... keywords override it) and its own output, token for
     token, is the target. With ``words`` the PNGs and the page show words (see
     ``AttentionMap.to_words``); bertviz.json stays piece-level. Files of these names in ``out``
     are replaced. Returns a summary: the pair, the layer-averaged word alignment, the files.
@@ -65,6 +67,7 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
     """
     from ..decode.translate import translate_lines
 
+    decode = decode_config(decode, **settings)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AtencionError(f"--out {out} exists and is not a directory")
@@ -74,9 +77,9 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
     if tgt is None:
         if not src.strip():
             raise AtencionError("--src: the source sentence is empty")
-        best = translate_lines(model, tokenizer, [src], beam=beam, source="--src")[0][0]
+        best = translate_lines(model, tokenizer, [src], decode, source="--src")[0][0]
         _check_length("the translation of --src", len(best.tokens), max_tokens)
-        log.info("decoded (beam %d): %s", beam, best.text)
+        log.info("decoded (beam %d): %s", decode.beam, best.text)
         attention = capture_attention(model, tokenizer, src, best.tokens, shift)
     else:
         attention = capture_attention(model, tokenizer, src, tgt, shift)

@@ -107,7 +107,8 @@ class RestrictedSelfAttention(MultiHeadAttention):
     def _band(n: int, n_blocks: int, w: int, device) -> Tensor:
         """(n_blocks, w, 3w): True where key j of the window is a real position with |i − j| ≤ w."""
         query = torch.arange(n_blocks, device=device).view(-1, 1, 1) * w + torch.arange(w, device=device).view(1, -1, 1)
-        key = torch.arange(n_blocks, device=device).view(-1, 1, 1) * w - w + torch.arange(3 * w, device=device).view(1, 1, -1)
+        key = (torch.arange(n_blocks, device=device).view(-1, 1, 1) * w - w
+               + torch.arange(3 * w, device=device).view(1, 1, -1))
         return ((query - key).abs() <= w) & (key >= 0) & (key < n)
 
 
