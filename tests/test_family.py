@@ -178,3 +178,14 @@ def test_the_searches_depend_on_the_decoding_protocol_only():
         greedy_search(torch.nn.Linear(2, 2), ids())
     with pytest.raises(AtencionError, match="encoder-only model has no decoder"):
         beam_search(tiny("encoder"), ids(), 2)
+
+
+def test_the_presets_command_prints_every_preset_beside_its_published_count(capsys):
+    from atencion.cli import main
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for row in ("63.1M  65M", "214.2M  213M", "109.5M  110M", "124.4M  124M", "60.5M  60M"):
+        assert row in out, out
+    for name in ("bert-tiny", "gpt-tiny", "t5-tiny"):
+        assert name in out

@@ -80,14 +80,17 @@ def add_presets_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=_number(int, 5, highest=1_000_000), default=37000,
                    help="vocabulary for base/big (default: 37000, the paper's)")
     p.add_argument("--tiny-vocab", type=_number(int, 5, highest=1_000_000), default=10000,
-                   help="vocabulary for tiny, at most 1,000,000 (default: 10000)")
+                   help="vocabulary for tiny, gpt-tiny and t5-tiny, at most 1,000,000 (default: 10000); "
+                        "bert-*, gpt2 and t5-small take their published vocabularies")
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
-    """Build a tiny model, run it on an example batch, and list the presets' sizes."""
+    """Build a tiny model, run it on an example batch, and list every preset's shape and parameter
+    count, beside the count its paper publishes (the paper's vocabulary)."""
     import torch
 
     from . import ModelConfig, Transformer
+    from .config import PRESETS, PUBLISHED
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", vocab_size=args.tiny_vocab)
@@ -101,13 +104,21 @@ def cmd_presets(args: argparse.Namespace) -> None:
     print(f"tiny model on an example batch: src_ids {tuple(src.shape)} + tgt_in_ids "
           f"{tuple(tgt_in.shape)} -> logits {tuple(logits.shape)}")
     print()
-    print(f"{'preset':<8}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'dropout':>9}{'vocab':>8}{'parameters':>13}")
-    for name, vocab in (("tiny", args.tiny_vocab), ("base", args.vocab), ("big", args.vocab)):
+    print(f"{'preset':<10}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'dropout':>9}"
+          f"{'vocab':>8}{'parameters':>13}  published")
+    for name in PRESETS:
+        if name in ("base", "big"):
+            vocab = args.vocab
+        elif name in PUBLISHED or name == "bert-tiny":
+            vocab = PUBLISHED["bert-base" if name == "bert-tiny" else name][0]  # BERT-Tiny: BERT's WordPiece
+        else:
+            vocab = args.tiny_vocab
         cfg = ModelConfig.preset(name, vocab_size=vocab)
         with torch.device("meta"):
             n = Transformer(cfg).num_parameters()
-        print(f"{name:<8}{cfg.n_layers:>3}{cfg.d_model:>9}{cfg.d_ff:>7}{cfg.n_heads:>4}"
-              f"{cfg.dropout:>9}{vocab:>8}{n / 1e6:>12.1f}M")
+        published = PUBLISHED[name][1] if name in PUBLISHED and vocab == PUBLISHED[name][0] else ""
+        print(f"{name:<10}{cfg.arch:<16}{cfg.positional:<11}{cfg.n_layers:>3}{cfg.d_model:>9}{cfg.d_ff:>7}"
+              f"{cfg.n_heads:>4}{cfg.dropout:>9}{vocab:>8}{n / 1e6:>12.1f}M  {published}")
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
