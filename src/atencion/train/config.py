@@ -261,9 +261,12 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if not d.joint and cfg.model.get("share_embeddings") is True:
         raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
-        cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size)
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size)
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
+    if built.arch != "encoder-decoder":
+        raise AtencionError(f"{source}: model.arch {built.arch!r}: `atencion train` trains translators (arch "
+                            f"encoder-decoder); encoder and decoder models have no training task yet")
 
 
 def dump_config(cfg: TrainConfig) -> str:
