@@ -148,7 +148,7 @@ def test_endpoints_of_other_model_kinds_answer_400_saying_why(url):
     assert httpx.get(f"{url}/nowhere").status_code == 404
 
 
-def test_info_health_and_the_page(url):
+def test_info_describes_the_model_and_the_page_is_served_with_its_own_files(url):
     info = httpx.get(f"{url}/info").json()
     model = info["models"][0]
     assert model["arch"] == "encoder-decoder" and model["endpoints"] == ["/translate"]

@@ -46,6 +46,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete
 
 # BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
@@ -185,11 +186,7 @@ def from_bert(hf_model) -> Transformer:
     out: dict[str, Tensor] = {ours: torch.cat([src[t] for t in theirs]) for ours, theirs in parameter_pairs(cfg)}
     out["mlm_head.weight"] = out["encoder.embed.weight"]  # tied (quirk 3)
     model = Transformer(cfg)
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"BERT import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model.eval()
+    return load_complete(model, out, "BERT import").eval()
 
 
 def to_bert(model: Transformer):

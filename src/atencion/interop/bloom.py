@@ -26,6 +26,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete, require
 
 
 def _token_id(value, vocab_size: int, default: int) -> int:
@@ -109,11 +110,7 @@ def from_bloom(hf_model) -> Transformer:
         out[ours] = bloom_qkv_to_stacked(src[theirs], cfg.n_heads) if kind == "qkv" else src[theirs]
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"Bloom import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model.eval()
+    return load_complete(model, out, "Bloom import").eval()
 
 
 def check_bloom_compatible(cfg: ModelConfig) -> None:
@@ -121,10 +118,7 @@ def check_bloom_compatible(cfg: ModelConfig) -> None:
     wanted = [("arch", "decoder"), ("positional", "alibi"), ("embedding_norm", True), ("norm_first", True),
               ("norm", "layernorm"), ("activation", "gelu-tanh"), ("scale_embedding", False),
               ("scale_attention", True), ("output_bias", False), ("scale_output", False), ("num_labels", 0)]
-    for key, value in wanted:
-        if getattr(cfg, key) != value:
-            raise AtencionError(f"to_bloom: {key}={getattr(cfg, key)!r} cannot be expressed by BloomForCausalLM, "
-                                f"which needs {key}={value!r}")
+    require(cfg, wanted, "to_bloom", "BloomForCausalLM")
     if cfg.d_ff != 4 * cfg.d_model:
         raise AtencionError(f"to_bloom: d_ff={cfg.d_ff} cannot be expressed by BloomForCausalLM, whose "
                             f"feed-forward width is 4 * d_model = {4 * cfg.d_model}")

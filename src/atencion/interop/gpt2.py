@@ -21,6 +21,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete, require
 
 # GPT-2's activation names → atencion's; "gelu_new" (GPT-2's) and "gelu_pytorch_tanh" are both
 # the tanh approximation, equal to within float rounding
@@ -109,11 +110,7 @@ def from_gpt2(hf_model) -> Transformer:
         out[ours] = src[theirs].t() if kind == "linear" else src[theirs]
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"GPT-2 import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model.eval()
+    return load_complete(model, out, "GPT-2 import").eval()
 
 
 def check_gpt2_compatible(cfg: ModelConfig) -> None:
@@ -121,10 +118,7 @@ def check_gpt2_compatible(cfg: ModelConfig) -> None:
     wanted = [("arch", "decoder"), ("positional", "learned"), ("norm_first", True), ("norm", "layernorm"),
               ("scale_embedding", False), ("embedding_norm", False), ("output_bias", False),
               ("scale_output", False), ("num_labels", 0)]
-    for key, value in wanted:
-        if getattr(cfg, key) != value:
-            raise AtencionError(f"to_gpt2: {key}={getattr(cfg, key)!r} cannot be expressed by GPT2LMHeadModel, "
-                                f"which needs {key}={value!r}")
+    require(cfg, wanted, "to_gpt2", "GPT2LMHeadModel")
     if cfg.activation not in _EXPORT_ACTIVATIONS:
         raise AtencionError(f"to_gpt2: activation={cfg.activation!r} cannot be expressed by GPT2LMHeadModel")
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete
 
 
 def marian_to_paper_permutation(d_model: int) -> Tensor:
@@ -131,8 +132,4 @@ def from_marian(hf_model) -> Transformer:
     out["generator.weight"] = cols(src["lm_head.weight"])
     out["generator.bias"] = src["final_logits_bias"].reshape(-1)
 
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"Marian import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model
+    return load_complete(model, out, "Marian import")

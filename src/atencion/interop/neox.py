@@ -22,6 +22,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete, require
 
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -98,10 +99,7 @@ def check_neox_compatible(cfg: ModelConfig) -> None:
     required = [("arch", "decoder"), ("positional", "rope"), ("norm", "layernorm"), ("norm_first", True),
                 ("bias", True), ("scale_attention", True), ("scale_embedding", False), ("scale_output", False),
                 ("output_bias", False), ("embedding_norm", False), ("num_labels", 0)]
-    for key, value in required:
-        if getattr(cfg, key) != value:
-            raise AtencionError(f"neox export: {key}={getattr(cfg, key)!r} cannot be expressed by "
-                                f"GPTNeoXForCausalLM, which needs {key}={value!r}")
+    require(cfg, required, "neox export", "GPTNeoXForCausalLM")
 
 
 def neox_config(cfg: ModelConfig):
@@ -189,11 +187,7 @@ def from_neox(hf_model) -> Transformer:
             out[f"{ours}.weight"] = src[f"{theirs}.weight"]
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"GPT-NeoX import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model.eval()
+    return load_complete(model, out, "GPT-NeoX import").eval()
 
 
 def to_neox(model: Transformer):

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
+from .common import load_complete, require
 
 # atencion activation ↔ T5's feed_forward_proj (transformers' ACT2FN names)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -93,10 +94,7 @@ def check_t5_compatible(cfg: ModelConfig) -> None:
                 ("bias", False), ("scale_attention", False), ("scale_embedding", False),
                 ("share_embeddings", True), ("tie_output", True), ("output_bias", False),
                 ("embedding_norm", False), ("type_vocab_size", 0), ("num_labels", 0)]
-    for key, value in required:
-        if getattr(cfg, key) != value:
-            raise AtencionError(f"t5 export: {key}={getattr(cfg, key)!r} cannot be expressed by "
-                                f"T5ForConditionalGeneration, which needs {key}={value!r}")
+    require(cfg, required, "t5 export", "T5ForConditionalGeneration")
     if cfg.tgt_vocab_size not in (None, cfg.vocab_size):
         raise AtencionError(f"t5 export: tgt_vocab_size={cfg.tgt_vocab_size} cannot be expressed by "
                             f"T5ForConditionalGeneration, which has one vocabulary")
@@ -174,11 +172,7 @@ def from_t5(hf_model) -> Transformer:
             out[f"{ours}.weight"] = src[f"{theirs}.weight"]
     out["encoder.embed.weight"] = out["decoder.embed.weight"] = src["shared.weight"]
     out["generator.weight"] = src["lm_head.weight"] if not cfg.tie_output else src["shared.weight"]
-    missing = set(model.state_dict()) - set(out)
-    if missing:
-        raise AtencionError(f"T5 import left parameters unset: {sorted(missing)[:5]}")
-    model.load_state_dict(out)
-    return model.eval()
+    return load_complete(model, out, "T5 import").eval()
 
 
 def to_t5(model: Transformer):

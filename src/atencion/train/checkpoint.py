@@ -20,7 +20,7 @@ from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenize
 from ..decode.model_dir import load_model_dir
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text
-from ..nn.transformer import Transformer, non_finite
+from ..nn.transformer import Transformer
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
 # A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.
@@ -63,11 +63,9 @@ def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
 
 def save_checkpoint(path: Path, model: Transformer, tokenizer: Tokenizer, optimizer=None,
                     trainer_state: dict[str, Any] | None = None) -> None:
-    """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically."""
-
-    bad = non_finite(model.state_dict())
-    if bad:  # before anything is written
-        raise AtencionError(f"{path}: not written: {bad} (the model diverged)")
+    """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically.
+    Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
+    takes the checkpoint's place."""
 
     def fill(tmp: Path) -> None:
         model.save(tmp)
