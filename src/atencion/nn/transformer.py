@@ -171,8 +171,12 @@ class MaskedLMHead(nn.Module):
         self.weight = tied_weight
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    def transform(self, x: Tensor) -> Tensor:
+        """Everything before the vocabulary projection."""
+        return self.norm(self.activation(self.dense(x)))
+
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(self.norm(self.activation(self.dense(x))), self.weight, self.bias)
+        return nn.functional.linear(self.transform(x), self.weight, self.bias)
 
 
 class ClassificationHead(nn.Module):
@@ -241,8 +245,9 @@ class Transformer(nn.Module):
 
         ``select``, a boolean (batch, tgt_len) mask, keeps only those positions: the result is
         (n_selected, vocab), so training skips the vocabulary projection of padding, its largest
-        matrix product. ``project=False`` returns the decoder output before the generator (for a
-        loss that applies the generator itself, see train/loss.py). With ``return_attention``,
+        matrix product. ``project=False`` returns what goes into the vocabulary projection (the
+        decoder output before the generator; for an encoder, after the masked-LM head's transform),
+        for a loss that applies the projection itself (train/loss.py: ``sequence_loss``). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
         "decoder" (masked self) and "cross"."""
         if self.cfg.arch != "encoder-decoder":
@@ -251,8 +256,10 @@ class Transformer(nn.Module):
             hidden, attentions = self.hidden(src_ids, src_mask, return_attention, token_type_ids)
             if select is not None:
                 hidden = hidden[select]
-            head = self.mlm_head if self.cfg.arch == "encoder" else self.generator
-            logits = head(hidden) if project else hidden
+            if self.cfg.arch == "encoder":
+                logits = self.mlm_head(hidden) if project else self.mlm_head.transform(hidden)
+            else:
+                logits = self.generator(hidden) if project else hidden
             return (logits, attentions) if return_attention else logits
         if tgt_in_ids is None:
             raise AtencionError("an encoder-decoder model takes model(src_ids, tgt_in_ids)")

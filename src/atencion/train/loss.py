@@ -117,3 +117,21 @@ class _GeneratorLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_nll):
         grads = tuple(None if g is None else g * grad_loss.to(g.dtype) for g in ctx.grads)
         return grads + (None, None, None, None)
+
+
+def vocabulary_projection(model) -> tuple[Tensor, Tensor | None]:
+    """The weight and bias of ``model``'s last projection to the vocabulary: the generator's,
+    or for an encoder-only model the masked-LM head's."""
+    head = model.mlm_head if model.cfg.arch == "encoder" else model.generator
+    return head.weight, head.bias
+
+
+def sequence_loss(forward, model, input_ids: Tensor, targets: Tensor, epsilon: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The training loss of a single-stack model (decoder: next-token prediction; encoder:
+    masked-token prediction), summed over the positions where ``targets`` is not padding:
+    (label-smoothed loss, negative log-likelihood), as ``generator_loss``. ``forward`` is the
+    model or its DistributedDataParallel wrapper; ``model`` the model itself."""
+    pad = model.cfg.pad_id
+    hidden = forward(input_ids, select=targets != pad, project=False)
+    weight, bias = vocabulary_projection(model)
+    return generator_loss(hidden, weight, bias, targets, pad, epsilon)
