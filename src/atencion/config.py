@@ -53,7 +53,9 @@ class ModelConfig:
     embedding_norm: bool = False           # BERT: a LayerNorm on embeddings + positions (+ token types)
     type_vocab_size: int = 0               # BERT: token-type (segment) embeddings; 0: none
     num_labels: int = 0                    # a sequence-classification head with this many labels; 0: none
-    pooling: str = "first"                 # its input: the "first" token's output or the "mean" over real tokens
+    pooling: str = "first"                 # its input: the output of the "first" token (BERT), of the "last"
+                                           # real token (GPT), or the "mean" over the real tokens
+    labels: list[str] | None = None        # the classification head's label names, in logit order
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -84,7 +86,12 @@ class ModelConfig:
         _require_choice("arch", self.arch, ARCHS)
         _require_choice("activation", self.activation, ("relu", "gelu", "gelu-tanh"))
         _require_choice("norm", self.norm, ("layernorm", "rmsnorm"))
-        _require_choice("pooling", self.pooling, ("first", "mean"))
+        _require_choice("pooling", self.pooling, ("first", "last", "mean"))
+        if self.labels is not None:
+            if (not isinstance(self.labels, list) or len(self.labels) != self.num_labels
+                    or not all(isinstance(x, str) for x in self.labels) or len(set(self.labels)) != len(self.labels)):
+                raise AtencionError(f"labels must be a list of num_labels ({self.num_labels}) distinct names, "
+                                    f"got {self.labels!r}")
         for key in ("type_vocab_size", "num_labels"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -1,6 +1,8 @@
-"""Subwords with SentencePiece (BPE or unigram), trained on the training data, stored beside the model.
+"""Subwords with SentencePiece (BPE or unigram), or characters (``CharVocab``, for nanoGPT-style
+language models), trained on the training data, stored beside the model.
 
-Ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2, eos 3.
+Ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2, eos 3; a vocabulary for masked
+language modelling also holds ``<mask>``.
 """
 
 from __future__ import annotations
@@ -14,26 +16,67 @@ from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, json_line, read_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+MASK = "<mask>"
 JOINT_FILE, SRC_FILE, TGT_FILE, INFO_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "tokenizer.json"
 
 
 def _train_one(sentences: Iterable[str], vocab_size: int, model_type: str, character_coverage: float,
-               seed_sentencepiece_size: int = 1_000_000):
+               seed_sentencepiece_size: int = 1_000_000, symbols: tuple[str, ...] = ()):
     import sentencepiece as spm
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         model_type=model_type, character_coverage=character_coverage,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, user_defined_symbols=list(symbols),
         hard_vocab_limit=False, input_sentence_size=2_000_000, shuffle_input_sentence=True,
         seed_sentencepiece_size=seed_sentencepiece_size, minloglevel=2, num_threads=2,
     )
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
 
+class CharVocab:
+    """One token per character (nanoGPT's and char-rnn's Shakespeare models): the special tokens,
+    then every character of the training text in code-point order. It answers the part of
+    SentencePiece's interface the rest of atencion uses; a character never seen in training is
+    ``<unk>``."""
+
+    def __init__(self, pieces: list[str]):
+        self.pieces = list(pieces)
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+
+    @classmethod
+    def train(cls, texts: Iterable[str], symbols: tuple[str, ...] = ()) -> "CharVocab":
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        return cls([*SPECIALS, *symbols, *sorted(chars)])
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, text: str, out_type=int) -> list:
+        if out_type is str:
+            return list(text)
+        ids, unk = self.ids, UNK_ID
+        return [ids.get(char, unk) for char in text]
+
+    def decode(self, ids: list[int]) -> str:
+        """The characters of ``ids``; special tokens are left out."""
+        pieces, size = self.pieces, len(self.pieces)
+        return "".join(pieces[i] for i in ids if EOS_ID < i < size and pieces[i] != MASK)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.ids.get(piece, UNK_ID)
+
+
 class Tokenizer:
-    """Source and target subword models (one shared model when the vocabulary is joint)."""
+    """Source and target subword models (one shared model when the vocabulary is joint). A
+    single-stack model (GPT, BERT) has one: ``encode``, ``decode``, ``vocab_size``."""
 
     def __init__(self, src_model, tgt_model=None):
         self.src = src_model
@@ -50,6 +93,39 @@ class Tokenizer:
     @property
     def tgt_vocab_size(self) -> int:
         return self.tgt.get_piece_size()
+
+    @property
+    def kind(self) -> str:
+        return "char" if isinstance(self.src, CharVocab) else "sentencepiece"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.src_vocab_size
+
+    @property
+    def mask_id(self) -> int | None:
+        """The id of ``<mask>``, or None when the vocabulary has none."""
+        i = self.src.piece_to_id(MASK)
+        return i if i != UNK_ID and self.src.id_to_piece(i) == MASK else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.src.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.src.decode(ids)
+
+    def piece(self, i: int) -> str:
+        return self.src.id_to_piece(i)
+
+    @classmethod
+    def train_text(cls, texts: list[str], kind: str = "sentencepiece", vocab_size: int = 8000,
+                   model_type: str = "bpe", character_coverage: float = 1.0,
+                   symbols: tuple[str, ...] = ()) -> "Tokenizer":
+        """One vocabulary for a single-stack model, from plain text: characters (``kind`` "char")
+        or SentencePiece pieces; ``symbols`` such as ``<mask>`` get ids of their own."""
+        if kind == "char":
+            return cls(CharVocab.train(texts, symbols))
+        return cls(_train_one(texts, vocab_size, model_type, character_coverage, symbols=symbols))
 
     @classmethod
     def train(cls, pairs: list[tuple[str, str]], vocab_size: int = 8000, model_type: str = "bpe",
@@ -80,6 +156,11 @@ class Tokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.kind == "char":
+            info = {"kind": "char", "joint": True, "src_vocab_size": self.src_vocab_size,
+                    "tgt_vocab_size": self.src_vocab_size, "pieces": self.src.pieces}
+            atomic_write_bytes(directory / INFO_FILE, (json.dumps(info, indent=1) + "\n").encode())
+            return
         files = {JOINT_FILE: self.src} if self.joint else {SRC_FILE: self.src, TGT_FILE: self.tgt}
         for name, model in files.items():
             atomic_write_bytes(directory / name, model.serialized_model_proto())
@@ -93,6 +174,13 @@ class Tokenizer:
 
         directory = Path(directory)
         info = read_json(directory / INFO_FILE, "tokenizer description")
+        if info.get("kind") == "char":
+            pieces = info.get("pieces")
+            if (not isinstance(pieces, list) or list(pieces[: len(SPECIALS)]) != list(SPECIALS)
+                    or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces)):
+                raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'pieces')}: "
+                                    f"'pieces' must list {list(SPECIALS)} and then distinct characters")
+            return cls(CharVocab(pieces))
         names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
         models = []
         for name in names:

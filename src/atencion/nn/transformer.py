@@ -180,8 +180,10 @@ class MaskedLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """Sequence classification: the output of the first token, or the mean over the real
-    tokens (``pooling``), through dropout and one linear layer to ``num_labels`` logits."""
+    """Sequence classification: the output of the first token (BERT's [CLS]), of the last real
+    token (GPT's: the only one that has seen the whole sentence under a causal mask), or the
+    mean over the real tokens (``pooling``), through dropout and one linear layer to
+    ``num_labels`` logits."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -193,6 +195,9 @@ class ClassificationHead(nn.Module):
         """``hidden`` (batch, length, d_model), ``real`` (batch, length) True at real tokens."""
         if self.pooling == "first":
             pooled = hidden[:, 0]
+        elif self.pooling == "last":
+            last = real.long().cumsum(1).argmax(1)  # the last real position (right padding or none)
+            pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), last]
         else:
             weights = real.to(hidden.dtype)[:, :, None]
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
@@ -238,7 +243,8 @@ class Transformer(nn.Module):
 
     def forward(self, src_ids: Tensor, tgt_in_ids: Tensor | None = None, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None, return_attention: bool = False,
-                select: Tensor | None = None, project: bool = True, token_type_ids: Tensor | None = None):
+                select: Tensor | None = None, project: bool = True, token_type_ids: Tensor | None = None,
+                classify: bool = False):
         """Teacher-forced logits (batch, tgt_len, vocab); for the single-stack archs,
         ``model(input_ids)``: the masked-LM head's logits (``encoder``, bidirectional, padding
         masked) or the next-token logits (``decoder``, causal), (batch, length, vocab).
@@ -249,7 +255,10 @@ class Transformer(nn.Module):
         decoder output before the generator; for an encoder, after the masked-LM head's transform),
         for a loss that applies the projection itself (train/loss.py: ``sequence_loss``). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
-        "decoder" (masked self) and "cross"."""
+        "decoder" (masked self) and "cross". ``classify``: the classification logits instead
+        (``classify()``, through forward so that DistributedDataParallel sees the call)."""
+        if classify:
+            return self.classify(src_ids, token_type_ids)
         if self.cfg.arch != "encoder-decoder":
             if tgt_in_ids is not None:
                 raise AtencionError(f"a {self.cfg.arch}-only model takes one sequence: model(input_ids)")

@@ -18,17 +18,33 @@ from ..config import ModelConfig
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
 
+TASKS = ("translate", "lm", "mlm", "classify")
+# The model a task trains when the config names no preset, and the archs it can train.
+TASK_PRESETS = {"translate": "tiny", "lm": "gpt-tiny", "mlm": "bert-tiny", "classify": "bert-tiny"}
+TASK_ARCHS = {"translate": ("encoder-decoder",), "lm": ("decoder",), "mlm": ("encoder",),
+              "classify": ("encoder", "decoder")}
+# What early stopping watches when the config does not say (higher is better for bleu and accuracy).
+TASK_METRICS = {"translate": "bleu", "lm": "loss", "mlm": "loss", "classify": "accuracy"}
+
 
 @dataclass
 class DataConfig:
-    train_src: str | None = None        # two aligned files (plain or .gz) ...
+    train_src: str | None = None        # translate: two aligned files (plain or .gz) ...
     train_tgt: str | None = None
-    train_tsv: str | None = None        # ... or one TSV file: source TAB target
+    train_tsv: str | None = None        # ... or one TSV file: source TAB target; classify: label TAB text
     valid_src: str | None = None
     valid_tgt: str | None = None
     valid_tsv: str | None = None
+    train_text: str | list[str] | None = None   # lm, mlm: plain-text files (one path or a list)
+    valid_text: str | list[str] | None = None   # lm, mlm: validation text; if absent, the held-out tail
+    valid_fraction: float = 0.1         # lm, mlm without valid_text: the last this share of the text validates
+    block_size: int = 256               # lm: tokens per training block (the context length)
+    mask_probability: float = 0.15      # mlm: share of the tokens chosen for prediction (BERT: 15%)
+    header: str = "auto"                # classify TSV: "auto" (a first line whose label is no label), "yes", "no"
+    tokenizer: str = "sentencepiece"    # "sentencepiece" (model_type, vocab_size) or "char" (one per character)
     empty_lines: str = "skip"           # "skip" (drop and count) or "error"
-    max_len: int = 256                  # pairs with a side longer than this many subwords are dropped (counted)
+    max_len: int = 256                  # pairs (mlm, classify: sentences) longer than this many tokens are
+                                        # dropped (counted)
     vocab_size: int = 8000              # SentencePiece vocabulary (joint: one for both sides)
     model_type: str = "bpe"             # "bpe" or "unigram"
     joint: bool = True                  # one vocabulary for source and target
@@ -46,15 +62,21 @@ class OptimConfig:
     lr_factor: float = 1.0              # lrate = lr_factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
     lr_peak: float | None = None        # alternatively: the learning rate reached at step = warmup
     warmup: int = 4000
+    schedule: str = "inverse_sqrt"      # after warm-up: "inverse_sqrt" (§5.3), "cosine" (down to lr_min at
+                                        # max_steps, as nanoGPT) or "constant"
+    lr_min: float = 0.0                 # cosine: the rate reached at max_steps
+    optimizer: str = "adam"             # "adam" (§5.3; weight_decay is an L2 term) or "adamw" (decoupled decay)
+    init_from: str | None = None        # start from this trained model directory (its weights and tokenizer)
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
-    label_smoothing: float = 0.1        # ε_ls
+    label_smoothing: float | None = None  # ε_ls; default 0.1 (§5.4) for translate, 0 for the other tasks
     clip_norm: float = 0.0              # gradient norm clipping (0: off)
     valid_every: int = 0                # validate every N updates (0: at the end of each epoch)
-    valid_bleu: bool = True             # also decode the validation set and compute BLEU
+    valid_bleu: bool = True             # translate: also decode the validation set and compute BLEU
     valid_bleu_sentences: int = 0       # decode at most this many validation sentences (0: all)
-    early_stop_metric: str = "bleu"     # "bleu" (higher is better) or "loss" (lower is better)
+    early_stop_metric: str | None = None  # "bleu", "accuracy" (higher is better) or "loss"; default by task:
+                                          # bleu (translate), accuracy (classify), loss (lm, mlm)
     patience: int = 0                   # stop after this many validations without improvement (0: off)
     keep_last: int = 5                  # checkpoints kept (the best model is kept apart)
     log_every: int = 50                 # updates between log lines
@@ -67,14 +89,30 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    task: str = "translate"             # "translate", "lm" (GPT), "mlm" (BERT's masking), "classify"
+    model: dict[str, Any] = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
     train: OptimConfig = field(default_factory=OptimConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
-    def model_config(self, vocab_size: int, tgt_vocab_size: int | None) -> ModelConfig:
-        values = dict(self.model)
-        preset = values.pop("preset", None)
+    @property
+    def label_smoothing(self) -> float:
+        ls = self.train.label_smoothing
+        return ls if ls is not None else (0.1 if self.task == "translate" else 0.0)
+
+    @property
+    def early_stop_metric(self) -> str:
+        return self.train.early_stop_metric or TASK_METRICS[self.task]
+
+    def model_config(self, vocab_size: int, tgt_vocab_size: int | None, **task_values: Any) -> ModelConfig:
+        """The model the config describes for a tokenizer of ``vocab_size`` pieces; ``task_values``
+        are what the data decides (a classifier's labels)."""
+        values = {**self.model, **task_values}
+        preset = values.pop("preset", None if self.train.init_from else TASK_PRESETS[self.task])
+        if self.task == "classify" and "pooling" not in values:
+            arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
+            if arch == "decoder":
+                values["pooling"] = "last"
         values["vocab_size"] = vocab_size
         if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
             values["tgt_vocab_size"] = tgt_vocab_size
@@ -88,9 +126,11 @@ class TrainConfig:
 
 
 SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
-# The vocabulary sizes and special ids come from the trained tokenizer, not from the config.
+# The vocabulary sizes and special ids come from the trained tokenizer, the labels from the data.
 MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
-    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
+    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels"}
+# What a model started from train.init_from may change: regularisation and the new head.
+INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -115,6 +155,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         source = str(path)
     for item in overrides:
         key, sep, value = item.partition("=")
+        if sep and key == "task":
+            raw["task"] = _yaml(value, f"--set {item!r}")
+            continue
         if not sep or "." not in key:
             raise AtencionError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
         section, name = key.split(".", 1)
@@ -146,9 +189,12 @@ def _string_keys(mapping: dict, where: str) -> None:
 
 def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     _string_keys(raw, source)
-    unknown = sorted(set(raw) - {"model", *SECTIONS})
+    unknown = sorted(set(raw) - {"task", "model", *SECTIONS})
     if unknown:
-        raise AtencionError(f"{source}: unknown section(s) {unknown}; expected model, data, train, decode")
+        raise AtencionError(f"{source}: unknown section(s) {unknown}; expected task, model, data, train, decode")
+    task = raw.get("task", "translate")
+    if task not in TASKS:
+        raise AtencionError(f"{source}: task must be one of {list(TASKS)}, got {task!r}")
     model = raw.get("model") or {}
     if not isinstance(model, dict):
         raise AtencionError(f"{source}: section 'model' must be a mapping")
@@ -159,7 +205,6 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     if bad:
         raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
                          + f"; known model keys: {sorted(MODEL_KEYS)}")
-    model = {"preset": "tiny", **model} if "preset" not in model else model
     sections = {}
     for name, cls in SECTIONS.items():
         values = raw.get(name) or {}
@@ -172,7 +217,7 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
                 raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
             values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
         sections[name] = cls(**values)
-    cfg = TrainConfig(model=model, **sections)
+    cfg = TrainConfig(task=task, model=model, **sections)
     _validate(cfg, source)
     return cfg
 
@@ -204,6 +249,10 @@ def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:
     kind = str(f.type)
     if value is None and "None" in kind:
         return None
+    if isinstance(value, list) and "list" in kind:
+        if not value or not all(isinstance(v, str) for v in value):
+            raise AtencionError(f"{key}: expected a path or a non-empty list of paths, got {value!r}")
+        return value
     if isinstance(default, tuple):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
             raise AtencionError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
@@ -230,7 +279,9 @@ RANGES = {
     "train.adam_eps": (0.0, False), "train.weight_decay": (0.0, True), "train.label_smoothing": (0.0, True),
     "train.clip_norm": (0.0, True), "train.valid_every": (0, True), "train.valid_bleu_sentences": (0, True),
     "train.patience": (0, True), "train.keep_last": (1, True), "train.log_every": (1, True),
-    "train.threads": (0, True), "decode.beam": (1, True), "decode.alpha": (0.0, True),
+    "train.threads": (0, True), "train.lr_min": (0.0, True), "data.block_size": (1, True),
+    "data.valid_fraction": (0.0, False), "data.mask_probability": (0.0, False), "decode.beam": (1, True),
+    "decode.alpha": (0.0, True),
     "decode.max_len_a": (0.0, True), "decode.max_len_b": (0, True), "decode.batch_tokens": (1, True),
 }
 
@@ -239,7 +290,11 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     d, t = cfg.data, cfg.train
     choices = [("data.empty_lines", d.empty_lines, ("skip", "error")),
                ("data.model_type", d.model_type, ("bpe", "unigram")),
-               ("train.early_stop_metric", t.early_stop_metric, ("bleu", "loss"))]
+               ("data.header", d.header, ("auto", "yes", "no")),
+               ("data.tokenizer", d.tokenizer, ("sentencepiece", "char")),
+               ("train.early_stop_metric", cfg.early_stop_metric, ("bleu", "loss", "accuracy")),
+               ("train.schedule", t.schedule, ("inverse_sqrt", "cosine", "constant")),
+               ("train.optimizer", t.optimizer, ("adam", "adamw"))]
     for key, value, allowed in choices:
         if value not in allowed:
             raise AtencionError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
@@ -250,7 +305,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             bound = f">= {lowest}" if inclusive else f"> {lowest}"
             raise AtencionError(f"{source}: {key} must be {bound}, got {value}")
     upper = [("data.character_coverage", d.character_coverage, 1.0, True),
-             ("train.label_smoothing", t.label_smoothing, 1.0, False)]
+             ("train.label_smoothing", cfg.label_smoothing, 1.0, False),
+             ("data.valid_fraction", d.valid_fraction, 1.0, False),
+             ("data.mask_probability", d.mask_probability, 1.0, False)]
     upper += [(f"train.adam_betas[{i}]", beta, 1.0, False) for i, beta in enumerate(t.adam_betas)]
     for key, value, highest, inclusive in upper:
         if value > highest or (value == highest and not inclusive) or value < 0:
@@ -260,13 +317,44 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         raise AtencionError(f"{source}: train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
     if not d.joint and cfg.model.get("share_embeddings") is True:
         raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
+    if cfg.early_stop_metric == "bleu" and cfg.task != "translate" or \
+            cfg.early_stop_metric == "accuracy" and cfg.task != "classify":
+        raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
+                            f"task {cfg.task!r}; use {TASK_METRICS[cfg.task]!r}")
+    if t.schedule == "cosine" and not t.max_steps:
+        raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
+                            f"set train.max_steps")
+    if cfg.task != "translate" and d.tokenizer == "sentencepiece" and not d.joint:
+        raise AtencionError(f"{source}: data.joint: false is for translation; task {cfg.task!r} has one vocabulary")
+    if cfg.task == "translate" and d.tokenizer == "char":
+        raise AtencionError(f"{source}: data.tokenizer: char is for the single-stack tasks (lm, mlm, classify)")
+    if t.init_from is not None:
+        changed = sorted(set(cfg.model) - INIT_FROM_KEYS)
+        if changed:
+            raise AtencionError(f"{source}: model.{changed[0]}: a model started from train.init_from keeps its "
+                                f"shape; the model section may only set {sorted(INIT_FROM_KEYS)}")
+        return  # the model is the one in init_from, checked when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
-        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size)
+        task_values = {"num_labels": 2} if cfg.task == "classify" else {}
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, **task_values)
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
-    if built.arch != "encoder-decoder":
-        raise AtencionError(f"{source}: model.arch {built.arch!r}: `atencion train` trains translators (arch "
-                            f"encoder-decoder); encoder and decoder models have no training task yet")
+    check_task_model(cfg, built, source)
+
+
+def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
+    """The model must be one the task can train: its arch, and positions long enough for the data."""
+    if model.arch not in TASK_ARCHS[cfg.task]:
+        raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
+                            f"takes arch {' or '.join(TASK_ARCHS[cfg.task])} (the config's task: key chooses "
+                            f"translate, lm, mlm or classify)")
+    if model.positional != "learned":
+        return
+    longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
+                    else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
+    if longest > model.max_positions:
+        raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
+                            f"positions stop at model.max_positions={model.max_positions}")
 
 
 def dump_config(cfg: TrainConfig) -> str:

@@ -1,6 +1,9 @@
-"""§5.3: lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5), times a factor."""
+"""§5.3: lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5), times a factor;
+and the cosine and constant schedules language models are usually trained with."""
 
 from __future__ import annotations
+
+import math
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0, peak: float | None = None) -> float:
@@ -14,3 +17,19 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0, peak: flo
     if peak is not None:
         return peak * warmup ** 0.5 * shape
     return factor * d_model ** -0.5 * shape
+
+
+def learning_rate(step: int, d_model: int, t) -> float:
+    """The rate at update ``step`` under ``t`` (the train section): linear warm-up to the peak
+    (``lr_peak``, or §5.3's ``lr_factor · d_model^-0.5 · warmup^-0.5``), then ``t.schedule``:
+    ∝ 1/√step (inverse_sqrt), a cosine down to ``lr_min`` at ``max_steps`` (cosine), or flat."""
+    if t.schedule == "inverse_sqrt":
+        return noam_lr(step, d_model, t.warmup, t.lr_factor, t.lr_peak)
+    peak = t.lr_peak if t.lr_peak is not None else t.lr_factor * (d_model * t.warmup) ** -0.5
+    step = max(step, 1)
+    if step < t.warmup:
+        return peak * step / t.warmup
+    if t.schedule == "constant":
+        return peak
+    progress = min(1.0, (step - t.warmup) / max(1, t.max_steps - t.warmup))
+    return t.lr_min + 0.5 * (peak - t.lr_min) * (1 + math.cos(math.pi * progress))

@@ -1,6 +1,7 @@
 """The training loop of §5: teacher forcing, label smoothing, Adam with warm-up, token batches,
 gradient accumulation, validation, early stopping, checkpoints, exact resume, and several
-processes under torchrun (DistributedDataParallel).
+processes under torchrun (DistributedDataParallel), for every task (tasks.py: translate, lm,
+mlm, classify).
 
 The path is a straight line: text → subwords → batches → model → loss → checkpoint.
 """
@@ -23,8 +24,6 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig
-from ..data.batching import Example, collate, token_batches
-from ..data.corpus import read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..decode.model_dir import load_model_dir
 from ..devices import resolve_device
@@ -32,9 +31,9 @@ from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
 from ..nn.transformer import Transformer
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import TrainConfig, dump_config
-from .loss import generator_loss, label_smoothed_loss
-from .schedule import noam_lr
+from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
+from .schedule import learning_rate
+from .tasks import make_task
 
 log = logging.getLogger(__name__)
 
@@ -72,39 +71,6 @@ def _device(name: str) -> torch.device:
     return resolve_device(name, "train.device")
 
 
-def _read(cfg: TrainConfig, split: str) -> list[tuple[str, str]] | None:
-    d = cfg.data
-    src, tgt, tsv = getattr(d, f"{split}_src"), getattr(d, f"{split}_tgt"), getattr(d, f"{split}_tsv")
-    if tsv and (src or tgt):
-        raise AtencionError(f"data: give either {split}_tsv or {split}_src + {split}_tgt, not both")
-    if not tsv and not src and not tgt:
-        if split == "train":
-            raise AtencionError("data: no training data; set data.train_src and data.train_tgt, or data.train_tsv")
-        return None
-    if not tsv and not (src and tgt):
-        raise AtencionError(f"data: {split}_src and {split}_tgt go together; one of them is missing")
-    pairs, report = read_parallel(tsv or src, None if tsv else tgt, d.empty_lines)
-    log.info(report.summary(f"{split} corpus"))
-    return pairs
-
-
-def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[Example]:
-    """Subword ids of each pair; pairs with a side longer than ``max_len`` are dropped and counted."""
-    examples, dropped = [], 0
-    for s, t in pairs:
-        src, tgt = tokenizer.encode_src(s), tokenizer.encode_tgt(t)
-        if len(src) > max_len or len(tgt) > max_len:
-            dropped += 1
-            continue
-        examples.append((src, tgt))
-    if dropped:
-        log.warning("%s: dropped %d of %d pairs longer than data.max_len=%d subwords",
-                    name, dropped, len(pairs), max_len)
-    if not examples:
-        raise AtencionError(f"{name}: every pair is longer than data.max_len={max_len}")
-    return examples
-
-
 class Trainer:
     """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
 
@@ -130,42 +96,56 @@ class Trainer:
             prepare_run_dir(self.out, check_only=True)  # refuses a directory that is not a run
         torch.manual_seed(t.seed)
 
-        train_pairs, valid_pairs = _read(cfg, "train"), _read(cfg, "valid")
+        self.task = make_task(cfg)
         if self.dist.main:
             for directory in (self.out, self.ckpt_dir):
                 for line in clean_stale_temporaries(directory):
                     log.warning("%s (left by an interrupted process)", line)
+        start = None
         if resume:
             saved, self.tokenizer = load_model_dir(checkpoints[-1], what="checkpoint")
         else:
+            if t.init_from is not None:
+                start, self.tokenizer = load_model_dir(t.init_from, what="train.init_from")
             if self.dist.main:
                 try:
                     restarted = prepare_run_dir(self.out)
                     if restarted:
                         log.warning("%s held a run that stopped before its first checkpoint; starting it over "
                                     "(removed %s)", self.out, ", ".join(restarted))
-                    Tokenizer.train(train_pairs, cfg.data.vocab_size, cfg.data.model_type, cfg.data.joint,
-                                    cfg.data.character_coverage).save(self.out)
+                    if start is None:
+                        self.tokenizer = self.task.train_tokenizer()
+                    self.tokenizer.save(self.out)
                     atomic_write_text(self.out / "config.yaml", dump_config(cfg))
                 except AtencionError as err:
                     raise AtencionError(f"{err}; no checkpoint was written; start over in the same directory: "
                                         f"{shlex.join(self.command)}") from None
             self.dist.barrier()
             self.tokenizer = Tokenizer.load(self.out)
-        self.train_examples = encode_pairs(train_pairs, self.tokenizer, cfg.data.max_len, "train corpus")
-        self.valid_pairs = valid_pairs
-        self.valid_examples = (encode_pairs(valid_pairs, self.tokenizer, cfg.data.max_len, "valid corpus")
-                               if valid_pairs else None)
+        self.task.encode(self.tokenizer)
 
         tok = self.tokenizer
-        model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size)
+        if start is not None:
+            model_cfg = _init_from_config(start.cfg, cfg, self.task.model_values())
+        else:
+            model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
+                                         **self.task.model_values())
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = Transformer(model_cfg).to(self.device)
-        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.dist.world > 1
-                    else self.model)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
-                                          eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
+        if start is not None and not resume:
+            _load_start(self.model, start, t.init_from)
+        del start
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(
+            self.model, find_unused_parameters=cfg.task == "classify") if self.dist.world > 1 else self.model)
+        if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's)
+            params = list(self.model.parameters())
+            groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+            self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
+        else:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
+                                              eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
                                       "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
                                       "valid_seconds": 0.0, "update_seconds": 0.0, "target_tokens": 0}
@@ -178,7 +158,6 @@ class Trainer:
                                    max(saved_state["train_seconds"] - saved_state["valid_seconds"], 0.0))
             self.state = {**self.state, **saved_state}
             log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
-        self.lengths = [(len(s), len(t)) for s, t in self.train_examples]
         self._writer = None
 
     # one update ------------------------------------------------------------------------------
@@ -187,7 +166,7 @@ class Trainer:
         """This epoch's updates: each a group of accum_steps × world micro-batches. The last
         group is completed with the epoch's first batches so every process has work."""
         t = self.cfg.train
-        batches = token_batches(self.lengths, t.max_tokens, seed=t.seed + epoch)
+        batches = self.task.batches(epoch)
         size = t.accum_steps * self.dist.world
         groups = [batches[i: i + size] for i in range(0, len(batches), size)]
         if len(groups[-1]) < size:
@@ -196,9 +175,10 @@ class Trainer:
 
     def _step(self, group: list[list[int]]) -> dict[str, float]:
         t, cfg = self.cfg.train, self.model.cfg
-        batches = [collate([self.train_examples[i] for i in b], cfg.pad_id, cfg.bos_id, cfg.eos_id)
-                   for b in group]
-        total_tokens = sum(b.n_tokens for b in batches)  # every process knows the whole group
+        step = self.state["step"] + 1
+        batches = [self.task.make_batch(b, step, part) for part, b in enumerate(group)]
+        total_units = sum(b.units for b in batches)  # every process knows the whole group
+        total_tokens = sum(b.tokens for b in batches)
         mine = batches[self.dist.rank:: self.dist.world]
         self.model.train()
         loss_sum = nll_sum = 0.0
@@ -207,17 +187,13 @@ class Trainer:
             sync = i == len(mine) - 1
             context = self.ddp.no_sync() if self.dist.world > 1 and not sync else nullcontext()
             with context, self._autocast():
-                hidden = self.ddp(batch.src, batch.tgt_in, select=batch.tgt_out != cfg.pad_id, project=False)
-                generator = self.model.generator
-                loss, nll = generator_loss(hidden, generator.weight, generator.bias, batch.tgt_out,
-                                           cfg.pad_id, t.label_smoothing)
+                loss, nll = self.task.loss(self.ddp, self.model, batch)
                 # DDP averages gradients over processes: scale so the result is the gradient of
-                # the loss summed over the group's tokens divided by their number.
-                (loss * self.dist.world / total_tokens).backward()
+                # the loss summed over the group's units (tokens, sentences) divided by their number.
+                (loss * self.dist.world / total_units).backward()
             loss_sum += loss.item()
             nll_sum += nll.item()
-        step = self.state["step"] + 1
-        lr = noam_lr(step, cfg.d_model, t.warmup, t.lr_factor, t.lr_peak)
+        lr = learning_rate(step, cfg.d_model, t)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -227,14 +203,14 @@ class Trainer:
             dist.all_reduce(sums)
             loss_sum, nll_sum = sums.tolist()
         # A non-finite loss or gradient norm would make every weight NaN: stop before the update.
-        for name, value in (("loss", loss_sum / total_tokens), ("gradient norm", grad_norm)):
+        for name, value in (("loss", loss_sum / total_units), ("gradient norm", grad_norm)):
             if not math.isfinite(value):
                 raise Diverged(step, name, value)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state["step"] = step
         self.state["target_tokens"] += total_tokens
-        return {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens, "lr": lr,
+        return {"loss": loss_sum / total_units, "nll": nll_sum / total_units, "lr": lr,
                 "grad_norm": grad_norm, "tokens": total_tokens}
 
     def _autocast(self):
@@ -246,29 +222,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        from ..decode.translate import translate_lines
-        from ..evaluate import score
-
         self.model.eval()
-        cfg, t, d = self.model.cfg, self.cfg.train, self.cfg.decode
-        loss_sum = nll_sum = tokens = 0.0
-        lengths = [(len(s), len(tg)) for s, tg in self.valid_examples]
-        for group in token_batches(lengths, t.max_tokens, seed=None):
-            batch = collate([self.valid_examples[i] for i in group], cfg.pad_id, cfg.bos_id,
-                            cfg.eos_id).to(self.device)
-            loss, nll = label_smoothed_loss(self.model(batch.src, batch.tgt_in), batch.tgt_out,
-                                            cfg.pad_id, t.label_smoothing)
-            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
-        if not math.isfinite(loss_sum):
-            raise Diverged(self.state["step"], "validation loss", loss_sum / tokens)
-        result = {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens,
-                  "valid_ppl": math.exp(min(nll_sum / tokens, 50))}
-        if t.valid_bleu:
-            pairs = self.valid_pairs[: t.valid_bleu_sentences or None]
-            out = translate_lines(self.model, self.tokenizer, [s for s, _ in pairs], d)
-            scores = score([o[0].text for o in out], [r for _, r in pairs])
-            result.update({f"valid_{k}": v for k, v in scores.items()})
-        return result
+        return self.task.validate(self.model, self.device, self.state["step"])
 
     # the loop --------------------------------------------------------------------------------
 
@@ -379,10 +334,10 @@ class Trainer:
     def _validate_and_save_timed(self) -> str | None:
         t = self.cfg.train
         stop = None
-        if self.valid_examples:
+        if self.task.has_validation():
             result = self.validate()
-            metric = result.get("valid_bleu") if t.early_stop_metric == "bleu" else -result["valid_loss"]
-            if metric is None:
+            metric = result.get(f"valid_{self.cfg.early_stop_metric}")
+            if metric is None or self.cfg.early_stop_metric == "loss":
                 metric = -result["valid_loss"]
             improved = self.state["best"] is None or metric > self.state["best"]
             if improved:
@@ -448,6 +403,35 @@ class Trainer:
                     self._writer.add_scalar(key, value, record["step"])
 
 
+def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -> ModelConfig:
+    """The model of a run started from train.init_from: the saved one, with the dropout and the
+    head the new config and task ask for."""
+    values = start.to_dict()
+    values.update({key: value for key, value in cfg.model.items() if key in INIT_FROM_KEYS})
+    if cfg.task != "classify":
+        values.update(num_labels=0, labels=None)
+    elif "pooling" not in cfg.model and start.arch == "decoder":
+        values["pooling"] = "last"
+    values.update(task_values)
+    try:
+        model_cfg = ModelConfig.from_dict(values, source=None)
+    except AtencionError as err:
+        raise AtencionError(f"train.init_from {cfg.train.init_from}: {err}") from None
+    check_task_model(cfg, model_cfg, f"train.init_from {cfg.train.init_from}")
+    return model_cfg
+
+
+def _load_start(model: Transformer, start: Transformer, where: str) -> None:
+    """Copy ``start``'s weights into ``model``; only a new classification head may be missing."""
+    missing, unexpected = model.load_state_dict(start.state_dict(), strict=False)
+    new = [name for name in missing if not name.startswith("classifier.")]
+    if new or unexpected:
+        raise AtencionError(f"train.init_from {where}: its weights do not fit the model; missing {new[:3]}, "
+                            f"unexpected {unexpected[:3]}")
+    kept = "" if not missing else " (a new classification head)"
+    log.info("started from %s%s", where, kept)
+
+
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:
     """--resume must rebuild the model it saved: name the first key where the configs differ."""
     for key, value in saved.to_dict().items():
@@ -458,7 +442,7 @@ def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> Non
 
 def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
           command: list[str] | None = None) -> dict[str, Any]:
-    """Train a translator as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
+    """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
     return Trainer(cfg, out_dir, resume, command).run()

@@ -1,0 +1,132 @@
+"""Plain text for language models and labelled sentences for classifiers, read with the same
+checks as the parallel corpora (one line naming the file and line for each mistake).
+
+- ``read_text``: one or more plain-text files (or .gz), concatenated line by line.
+- ``read_labelled``: a TSV file of ``label<TAB>text`` rows, header allowed.
+- ``lm_blocks``: the contiguous, non-overlapping blocks of a token stream that a causal
+  language model trains on.
+- ``mask_tokens``: BERT's masking recipe (15% of the tokens chosen; of those 80% become
+  ``<mask>``, 10% a random token, 10% stay).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+from ..errors import AtencionError
+from .corpus import CorpusError, read_lines
+
+
+def read_text(paths: str | list[str], key: str) -> list[str]:
+    """The lines of every file in ``paths`` (a path or a list of them), in order; ``key``
+    names the config key in messages."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    if not paths:
+        raise AtencionError(f"{key}: expected a file or a list of files, got an empty list")
+    lines: list[str] = []
+    for path in paths:
+        if not isinstance(path, str):
+            raise AtencionError(f"{key}: expected file paths, got {path!r}")
+        lines.extend(read_lines(path, allow_empty=False))
+    return lines
+
+
+def split_tail(lines: list[str], fraction: float) -> tuple[list[str], list[str]]:
+    """The lines before and after the point where the last ``fraction`` of the characters
+    begins (the held-out tail, as nanoGPT splits Tiny Shakespeare: the last 10%). The cut is
+    made inside a line if it falls there, so that the tail is exactly that share of the text."""
+    text = "".join(line + "\n" for line in lines)
+    cut = int(len(text) * (1 - fraction))
+    head, tail = text[:cut], text[cut:]
+    return head.split("\n")[:-1] if head.endswith("\n") else head.split("\n"), tail.rstrip("\n").split("\n")
+
+
+def read_labelled(path: str, labels: list[str] | None = None, header: str = "auto",
+                  empty_lines: str = "skip") -> tuple[list[tuple[int, str]], list[str], int]:
+    """``(label index, text)`` rows of a ``label<TAB>text`` file, the label names and the number
+    of rows skipped for an empty text. Training (``labels`` None) learns the names (sorted:
+    numerically when they are all integers); validation and evaluation refuse a label that
+    training did not see, naming the line. ``header``: "auto" takes the first line as a header
+    when its label is not a label of any other line (SST-2's ``label<TAB>sentence``), "yes", "no"."""
+    lines = read_lines(path)
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        label, sep, text = line.partition("\t")
+        if not sep:
+            raise CorpusError(f"{path} line {number}: expected label<TAB>text, found no tab")
+        rows.append((label.strip(), text.strip(), number))
+    if header == "yes" or (header == "auto" and rows and rows[0][0] not in
+                           ({r[0] for r in rows[1:]} if labels is None else set(labels))):
+        rows = rows[1:]
+    if labels is None:
+        names = sorted({r[0] for r in rows})
+        labels = sorted(names, key=int) if all(_is_int(x) for x in names) else names
+    index = {name: i for i, name in enumerate(labels)}
+    out, skipped = [], 0
+    for label, text, number in rows:
+        if label not in index:
+            raise CorpusError(f"{path} line {number}: label {label!r} was not seen in training; "
+                              f"known labels: {labels}")
+        if not text:
+            if empty_lines == "error":
+                raise CorpusError(f"{path} line {number}: empty text (set data.empty_lines: skip to drop such rows)")
+            skipped += 1
+            continue
+        out.append((index[label], text))
+    if not out:
+        raise CorpusError(f"{path}: no labelled row")
+    return out, labels, skipped
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def lm_blocks(n_tokens: int, block_size: int, offset: int = 0, partial: bool = False) -> list[tuple[int, int]]:
+    """(start, length) of the blocks a stream of ``n_tokens`` tokens is cut into: contiguous,
+    from ``offset`` on, none overlapping another; each block's inputs are tokens
+    start … start+length−1 and its targets the same shifted by one, so a block needs
+    length + 1 tokens. ``partial`` keeps a shorter last block (validation: every token of the
+    tail is predicted once)."""
+    blocks, start = [], offset
+    while start + block_size + 1 <= n_tokens:
+        blocks.append((start, block_size))
+        start += block_size
+    if partial and n_tokens - start >= 2:
+        blocks.append((start, n_tokens - start - 1))
+    return blocks
+
+
+def epoch_offset(seed: int, epoch: int, block_size: int) -> int:
+    """Where an epoch's blocks begin: 0 first, then a reproducible shift, so that the model
+    does not see the same block boundaries every epoch."""
+    return 0 if epoch == 0 else random.Random(seed * 1_000_003 + epoch).randrange(block_size)
+
+
+def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, first_regular: int, vocab_size: int,
+                probability: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """BERT's masked-LM inputs and targets for ``ids`` (batch, length).
+
+    Each position where ``maskable`` is True (real, non-special tokens) is chosen with
+    ``probability``; a chosen token becomes ``<mask>`` (80%), a random regular token (ids from
+    ``first_regular`` on, 10%) or stays (10%). Targets hold the original id at chosen positions
+    and padding (0) elsewhere, so the loss counts the chosen positions only. A batch where no
+    position was chosen gets its first maskable one, so that every batch has a loss."""
+    draw = torch.rand(ids.shape, generator=generator)
+    how = torch.rand(ids.shape, generator=generator)
+    chosen = (draw < probability) & maskable
+    if not bool(chosen.any()):
+        chosen.view(-1)[int(maskable.view(-1).nonzero()[0])] = True
+    inputs = ids.clone()
+    inputs[chosen & (how < 0.8)] = mask_id
+    swap = chosen & (how >= 0.8) & (how < 0.9)
+    inputs[swap] = torch.randint(first_regular, vocab_size, (int(swap.sum()),), generator=generator)
+    targets = torch.where(chosen, ids, torch.zeros_like(ids))
+    return inputs, targets
