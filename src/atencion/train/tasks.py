@@ -224,10 +224,13 @@ def text_stream(lines: list[str], tokenizer: Tokenizer) -> list[int]:
     return stream
 
 
-def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device, characters: int) -> dict:
+def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device,
+              characters: int | None = None) -> dict:
     """Loss (nats per token), perplexity and bits per character of ``model`` on a token
     ``stream``, cut into non-overlapping blocks of ``block_size`` (the last one shorter): every
-    token but the first is predicted once, from the tokens before it in its block."""
+    token but the first is predicted once, from the tokens before it in its block.
+    ``characters``: how many characters the predicted tokens spell (None: one per token, a
+    character vocabulary)."""
     blocks = lm_blocks(stream.numel(), block_size, partial=True)
     if not blocks:
         raise AtencionError(f"the text has {stream.numel()} tokens; at least 2 are needed")
@@ -244,7 +247,8 @@ def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device,
             nll += float(F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1),
                                          reduction="sum"))
             tokens += rows[:, 1:].numel()
-    return {"loss": nll / tokens, "ppl": math.exp(min(nll / tokens, 50)), "bpc": nll / math.log(2) / characters,
+    return {"loss": nll / tokens, "ppl": math.exp(min(nll / tokens, 50)),
+            "bpc": nll / math.log(2) / (characters or tokens),
             "tokens": tokens, "block_size": block_size}
 
 
@@ -268,8 +272,8 @@ class LMTask(Task):
         self.valid_stream = torch.tensor(text_stream(self.valid_lines, tokenizer), dtype=torch.long)
         if self.valid_stream.numel() < 2:
             raise AtencionError("data: the validation text has fewer than 2 tokens")
-        chars = sum(len(line) + 1 for line in self.valid_lines)
-        self.valid_characters = self.valid_stream.numel() if tokenizer.kind == "char" else chars
+        # SentencePiece: the characters of the validation lines (with their newlines)
+        self.valid_characters = None if tokenizer.kind == "char" else sum(len(x) + 1 for x in self.valid_lines)
         log.info("lm: %d training tokens, %d validation tokens", self.stream.numel(), self.valid_stream.numel())
         self._blocks: tuple[int, list] | None = None
 
