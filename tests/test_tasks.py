@@ -246,7 +246,8 @@ def test_pretraining_then_classifying_starts_from_the_pretrained_weights(tmp_pat
     base, _ = load_model_dir(pre["best_model"])
     tuned, tok = load_model_dir(summary["last_checkpoint"])
     assert tuned.cfg.labels == ["neg", "pos"] and tuned.cfg.num_labels == 2
-    assert (tmp_path / "cls" / "tokenizer.json").read_bytes() == (Path(pre["best_model"]) / "tokenizer.json").read_bytes()
+    tokenizer_file = (Path(pre["best_model"]) / "tokenizer.json").read_bytes()
+    assert (tmp_path / "cls" / "tokenizer.json").read_bytes() == tokenizer_file
     w0 = base.state_dict()["encoder.layers.0.ffn.linear1.weight"]
     w1 = tuned.state_dict()["encoder.layers.0.ffn.linear1.weight"]
     torch.testing.assert_close(w0, w1, atol=1e-6, rtol=0)  # lr 1e-9: the encoder is the pretrained one

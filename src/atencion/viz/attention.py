@@ -30,6 +30,14 @@ row reduction, only on the column one.
 
 AER (Och and Ney 2003): AER = 1 − (|A∩S| + |A∩P|) / (|A| + |S|) for predicted links A, sure
 links S and possible links P ⊇ S; with one gold set, P = S and AER = 1 − F1.
+
+Single-stack models have self-attention only (``capture_self_attention``), and so neither
+alignment nor AER. A GPT (arch decoder) reads the tokens of a text as they are, as its language
+model's stream has them, and what it generates greedily after them; its maps are causal. A BERT
+(arch encoder) reads <s> + the pieces of a sentence + </s>, as its masked-LM task does; its maps
+are bidirectional. A character tokenizer's whitespace is labelled ␣ (space), ⏎ (newline) and
+⇥ (tab); in words, a character model's word starts at a whitespace character, as a SentencePiece
+word starts at "▁".
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..decode.sample import generate_ids
 from ..errors import AtencionError
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,9 @@ KINDS = ("encoder", "decoder", "cross")
 SHIFTS = ("predict", "input")
 REDUCTIONS = {"sum": np.sum, "mean": np.mean}
 WORD_START = "▁"
+VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}   # a character tokenizer's whitespace, made visible
+ARCH_NAMES = {"encoder-decoder": "an encoder-decoder (a translator)", "decoder": "a decoder-only model (GPT)",
+              "encoder": "an encoder-only model (BERT)"}
 
 Link = tuple[int, int]   # (source word, target word), 0-based, as in Pharaoh "i-j"
 
@@ -99,12 +111,39 @@ class Attention:
         return replace(self, **{kind: amap.to_words(rows, cols) for kind, amap in self.maps().items()})
 
 
+@dataclass(frozen=True)
+class SelfAttention:
+    """The self-attention of a single-stack model over one sequence, as one forward pass computed
+    it: ``text`` as given, ``generated`` the text of the ``new_tokens`` a GPT appended (none for a
+    BERT), and the map of kind "decoder" (GPT, causal) or "encoder" (BERT, bidirectional)."""
+
+    text: str
+    generated: str
+    new_tokens: int
+    self_attention: AttentionMap
+
+    def maps(self) -> dict[str, AttentionMap]:
+        return {self.self_attention.kind: self.self_attention}
+
+    def to_words(self, rows: str = "mean", cols: str = "sum") -> "SelfAttention":
+        return replace(self, self_attention=self.self_attention.to_words(rows, cols))
+
+
+def require_cross_attention(model, what: str) -> None:
+    """Refuse a single-stack model where cross-attention is needed; ``what`` starts the message."""
+    arch = model.cfg.arch
+    if arch != "encoder-decoder":
+        raise AtencionError(f"{what} needs the cross-attention of an encoder-decoder (a translator); this model is "
+                            f"{ARCH_NAMES.get(arch, repr(arch))}, which has self-attention only")
+
+
 def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: str = "predict") -> Attention:
     """Run ``model`` (in eval mode, without gradients) on one pair and keep every attention weight.
 
     ``tgt`` is the target text or its piece ids (e.g. the tokens a beam search returned, which
     need not be the segmentation that encoding the decoded text would give).
     """
+    require_cross_attention(model, "a sentence pair's attention")
     if shift not in SHIFTS:
         raise AtencionError(f"shift must be one of {SHIFTS}, got {shift!r}")
     src = src.strip()
@@ -132,14 +171,70 @@ def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: s
                      AttentionMap("cross", weights["cross"], cross_rows, src_tokens))
 
 
+def token_label(tokenizer, i: int) -> str:
+    """The label of token ``i``: its piece, with a character tokenizer's whitespace made visible
+    (VISIBLE) and any other unprintable character escaped."""
+    piece = tokenizer.piece(i)
+    if tokenizer.kind != "char":
+        return piece
+    return VISIBLE.get(piece) or (piece if piece.isprintable() else piece.encode("unicode_escape").decode())
+
+
+def self_attention_ids(model, tokenizer, text: str) -> list[int]:
+    """What a single-stack model reads for ``text``: a GPT its tokens, a BERT <s> + its pieces + </s>.
+    An empty sequence is refused, naming --text."""
+    cfg = model.cfg
+    if cfg.arch == "encoder":
+        if not text.strip():
+            raise AtencionError("--text: the sentence is empty")
+        return [cfg.bos_id, *tokenizer.encode(text.strip()), cfg.eos_id]
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise AtencionError(f"--text {text!r} has no tokens: a GPT needs at least one to attend from")
+    return ids
+
+
+def capture_self_attention(model, tokenizer, text: str, max_new_tokens: int = 0) -> SelfAttention:
+    """Run a single-stack ``model`` (in eval mode, without gradients) on ``text`` and keep its
+    self-attention at every layer and head: ``model(ids, return_attention=True)`` over the ids of
+    ``self_attention_ids``, and for a GPT the ``max_new_tokens`` it generates greedily after them.
+    Refused before any work: an encoder-decoder model, new tokens from a model that does not
+    generate, and a sequence longer than a learned position table."""
+    cfg = model.cfg
+    if cfg.arch not in ("decoder", "encoder"):
+        raise AtencionError(f"self-attention over one text needs a single-stack model (GPT or BERT); this model is "
+                            f"{ARCH_NAMES.get(cfg.arch, repr(cfg.arch))}: give it --src (and --tgt)")
+    if max_new_tokens and cfg.arch != "decoder":
+        raise AtencionError(f"--max-new-tokens: only a decoder-only model (GPT) generates; this model is "
+                            f"{ARCH_NAMES[cfg.arch]}")
+    prompt = self_attention_ids(model, tokenizer, text)
+    if cfg.positional == "learned" and len(prompt) + max_new_tokens > cfg.max_positions:
+        raise AtencionError(f"--text: {len(prompt)} tokens + --max-new-tokens {max_new_tokens} pass this model's "
+                            f"learned positions, which stop at max_positions={cfg.max_positions}")
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    if max_new_tokens:
+        ids = torch.cat([ids, generate_ids(model, ids, max_new_tokens, temperature=0)], dim=1)
+    model.eval()
+    with torch.no_grad():
+        _, attn = model(ids, return_attention=True)
+    kind = cfg.arch
+    weights = torch.stack(attn[kind])[:, 0].float().cpu().numpy()
+    labels = [token_label(tokenizer, i) for i in ids[0].tolist()]
+    generated = tokenizer.decode(ids[0, len(prompt):].tolist())
+    return SelfAttention(text, generated, ids.size(1) - len(prompt), AttentionMap(kind, weights, labels, labels))
+
+
 # words -----------------------------------------------------------------------------------------
 
 def word_spans(labels: list[str]) -> list[list[int]]:
-    """Positions grouped into words: a piece starting with "▁" starts a word, and so do <s>,
-    </s> and whatever follows them."""
+    """Positions grouped into words: a piece starting with "▁" starts a word, and so do a
+    character model's whitespace (␣, ⏎, ...), <s>, </s> and whatever follows them."""
     spans: list[list[int]] = []
+    starts = tuple(VISIBLE.values())
     for i, label in enumerate(labels):
-        if not spans or label in SPECIALS or label.startswith(WORD_START) or labels[i - 1] in SPECIALS:
+        if (not spans or label in SPECIALS or label.startswith(WORD_START) or label in starts
+                or labels[i - 1] in SPECIALS):
             spans.append([i])
         else:
             spans[-1].append(i)
@@ -239,6 +334,7 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
     ``names`` (the three files) start the messages about a line. Every line is checked before
     any work: a sentence of more than ``max_tokens`` subword pieces (0: no limit), or a link that
     points past its sentence's words, is refused naming the file and the line."""
+    require_cross_attention(model, "--model: AER")
     if not len(sources) == len(targets) == len(gold):
         raise AtencionError(f"{len(sources)} lines in {names[0]}, {len(targets)} in {names[1]} and {len(gold)} "
                             f"in {names[2]}: the files must be aligned line by line")

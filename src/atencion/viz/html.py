@@ -1,8 +1,9 @@
 """One self-contained HTML page to explore every head and layer: no server, no network.
 
 The weights are inlined as JSON and about a hundred lines of plain JavaScript draw a heatmap
-table: choose the kind (encoder, decoder, cross), the layer (or the mean of all layers) and the
-head (or the mean of all heads); hovering a cell shows its query, key and weight.
+table: choose the kind (encoder, decoder, cross; a GPT or a BERT has its one self-attention),
+the layer (or the mean of all layers) and the head (or the mean of all heads); hovering a cell
+shows its query, key and weight.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import html
 import json
 
-from .attention import CAUTION, Attention
+from .attention import CAUTION, Attention, SelfAttention
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -99,7 +100,12 @@ setup();
 """
 
 
-def _legends(attention: Attention) -> dict[str, str]:
+def _legends(attention: Attention | SelfAttention) -> dict[str, str]:
+    if isinstance(attention, SelfAttention):
+        return {"decoder": "rows and columns: the text's tokens, then any generated ones; causal: no key after its "
+                           "query; each row sums to 1",
+                "encoder": "rows and columns: <s> + the sentence's pieces + </s>; bidirectional: every query sees "
+                           "every key; each row sums to 1"}
     cross_rows = ("each row is labelled with the target token its output predicts" if attention.shift == "predict"
                   else "each row is labelled with the target token the decoder reads there")
     return {"encoder": "rows: source queries; columns: source keys; each row sums to 1",
@@ -107,25 +113,38 @@ def _legends(attention: Attention) -> dict[str, str]:
             "cross": f"rows: target ({cross_rows}, shift '{attention.shift}'); columns: source"}
 
 
-def attention_html(attention: Attention, digits: int = 4) -> str:
+def _heading(attention: Attention | SelfAttention) -> tuple[str, str]:
+    """The page's title and the HTML of the line that says what the maps are of."""
+    pieces = "subword pieces" if isinstance(attention, Attention) else "tokens"
+    unit = "words" if any(amap.words for amap in attention.maps().values()) else pieces
+    if isinstance(attention, Attention):
+        return attention.src, (f"source: <b>{html.escape(attention.src)}</b><br>"
+                               f"target: <b>{html.escape(attention.tgt)}</b> ({unit})")
+    if attention.self_attention.kind == "encoder":
+        return attention.text, f"sentence: <b>{html.escape(attention.text)}</b> ({unit})"
+    generated = f"<br>generated (greedy): <b>{html.escape(attention.generated)}</b>" if attention.generated else ""
+    return attention.text, f"text: <b>{html.escape(attention.text)}</b>{generated} ({unit})"
+
+
+def attention_html(attention: Attention | SelfAttention, digits: int = 4) -> str:
     """The page for ``attention`` (piece- or word-level maps, as given), as a string."""
     maps = {kind: {"rows": amap.rows, "cols": amap.cols, "weights": amap.weights.round(digits).tolist()}
             for kind, amap in attention.maps().items()}
     data = {"maps": maps, "legends": _legends(attention)}
     # "</" would end the <script> element early; "<\\/" is the same string to JSON.
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    unit = "words" if attention.cross.words else "subword pieces"
+    title, heading = _heading(attention)
     options = "".join(f'<option value="{kind}">{kind}</option>' for kind in maps)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>attention: {html.escape(attention.src)}</title>
+<title>attention: {html.escape(title)}</title>
 <style>{STYLE}</style>
 </head>
 <body>
 <h1>Attention weights</h1>
-<p>source: <b>{html.escape(attention.src)}</b><br>target: <b>{html.escape(attention.tgt)}</b> ({unit})</p>
+<p>{heading}</p>
 <p class="note">Caution: {html.escape(CAUTION)}.</p>
 <div id="controls">
 <label>kind <select id="kind">{options}</select></label>

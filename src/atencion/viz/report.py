@@ -5,6 +5,13 @@ OUT/cross_mean.png                        cross-attention averaged over every he
 OUT/bertviz.json                          piece-level weights in the form BertViz takes
 OUT/attention.html                        one self-contained page to explore heads and layers
 
+A single-stack model has one kind, its self-attention (see ``capture_self_attention``): a GPT's
+``decoder`` (causal, over its text and what it generated) or a BERT's ``encoder``
+(bidirectional, over <s> sentence </s>). ``write_self_attention_report`` writes KIND.png,
+KIND_mean.png (every head and layer averaged), bertviz.json and attention.html; bertviz.json
+then holds only that kind's two keys, e.g. ``decoder_attention`` and ``decoder_tokens``, which
+BertViz's views take alone (``head_view(decoder_attention=..., decoder_tokens=...)``).
+
 bertviz.json holds ``encoder_attention``, ``decoder_attention`` and ``cross_attention`` (each a
 list over layers of nested lists shaped (1, heads, queries, keys)), ``encoder_tokens`` (source
 pieces + </s>) and ``decoder_tokens`` (<s> + target pieces: the decoder's inputs, as BertViz
@@ -31,31 +38,39 @@ from typing import Any
 from ..decode.settings import DecodeConfig, decode_config
 from ..errors import AtencionError
 from ..fileio import atomic_write
-from .attention import Attention, capture_attention, format_pharaoh, word_alignment
+from .attention import (
+    Attention,
+    SelfAttention,
+    capture_attention,
+    capture_self_attention,
+    format_pharaoh,
+    require_cross_attention,
+    self_attention_ids,
+    word_alignment,
+)
 from .html import attention_html
 from .plots import grid_figure, mean_figure, save
 
 log = logging.getLogger(__name__)
 
-FILES = ("encoder.png", "decoder.png", "cross.png", "cross_mean.png", "bertviz.json", "attention.html")
 
-
-def bertviz_data(attention: Attention) -> dict[str, Any]:
-    """The piece-level maps as BertViz's encoder-decoder views take them (see the module docstring)."""
+def bertviz_data(attention: Attention | SelfAttention) -> dict[str, Any]:
+    """The piece-level maps as BertViz's encoder-decoder views take them, every kind present (see
+    the module docstring): KIND_attention for each, and the tokens of the encoder and decoder."""
     def layers(amap):
         return [amap.weights[layer][None].tolist() for layer in range(amap.weights.shape[0])]
 
-    return {"encoder_attention": layers(attention.encoder),
-            "decoder_attention": layers(attention.decoder),
-            "cross_attention": layers(attention.cross),
-            "encoder_tokens": attention.encoder.rows,
-            "decoder_tokens": attention.decoder.rows}
+    maps = attention.maps()
+    data = {f"{kind}_attention": layers(amap) for kind, amap in maps.items()}
+    data.update({f"{kind}_tokens": maps[kind].rows for kind in ("encoder", "decoder") if kind in maps})
+    return data
 
 
 def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str | None = None,
                            words: bool = False, shift: str = "predict", decode: DecodeConfig | None = None,
                            max_tokens: int = 128, **settings: Any) -> dict[str, Any]:
-    """Capture every attention map of ``src`` → ``tgt`` and write FILES into ``out``.
+    """Capture every attention map of ``src`` → ``tgt`` and write encoder.png, decoder.png, cross.png,
+    cross_mean.png, bertviz.json and attention.html into ``out``.
 
     Without ``tgt`` the model translates ``src`` first (beam search as ``decode`` says; default
     ``DecodeConfig()``, loose ``beam=``, ... keywords override it) and its own output, token for
@@ -68,9 +83,8 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
     from ..decode.translate import translate_lines
 
     decode = decode_config(decode, **settings)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AtencionError(f"--out {out} exists and is not a directory")
+    require_cross_attention(model, "a sentence pair's attention (--src, --tgt)")
+    out = _output_dir(out)
     _check_length("--src", len(tokenizer.src_pieces(src)), max_tokens)
     if tgt is not None:
         _check_length("--tgt", len(tokenizer.tgt_pieces(tgt)), max_tokens)
@@ -83,21 +97,57 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
         attention = capture_attention(model, tokenizer, src, best.tokens, shift)
     else:
         attention = capture_attention(model, tokenizer, src, tgt, shift)
+    files = _write_files(attention, out, words, "cross")
+    return {"src": attention.src, "tgt": attention.tgt, "decoded": tgt is None, "shift": shift,
+            "words": words, "alignment": format_pharaoh(word_alignment(attention.cross)),
+            "out": str(out), "files": files}
+
+
+def write_self_attention_report(model, tokenizer, text: str, out: str | Path, words: bool = False,
+                                max_new_tokens: int = 0, max_tokens: int = 128) -> dict[str, Any]:
+    """Capture a single-stack model's self-attention over ``text`` (and, for a GPT, the
+    ``max_new_tokens`` it generates greedily after it) and write KIND.png, KIND_mean.png,
+    bertviz.json and attention.html into ``out`` (files of these names are replaced). ``words``
+    as in ``write_attention_report``. A sequence of more than ``max_tokens`` tokens in all
+    (text, generated tokens, and a BERT's <s> and </s>) is refused before any work. Returns a
+    summary: the text, what was generated, the number of tokens (new ones among them), the files."""
+    out = _output_dir(out)
+    total = len(self_attention_ids(model, tokenizer, text)) + max_new_tokens
+    if total > max_tokens:
+        new = f" + {max_new_tokens} new (--max-new-tokens)" if max_new_tokens else ""
+        raise AtencionError(f"--text: {total - max_new_tokens} tokens{new}, more than the limit of {max_tokens} "
+                            f"(--max-tokens); attention maps of a sequence that long cannot be read")
+    attention = capture_self_attention(model, tokenizer, text, max_new_tokens)
+    kind = attention.self_attention.kind
+    files = _write_files(attention, out, words, kind)
+    return {"arch": model.cfg.arch, "text": attention.text, "generated": attention.generated,
+            "tokens": len(attention.self_attention.rows), "new_tokens": attention.new_tokens, "words": words,
+            "out": str(out), "files": files}
+
+
+def _output_dir(out: str | Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"--out {out} exists and is not a directory")
+    return out
+
+
+def _write_files(attention: Attention | SelfAttention, out: Path, words: bool, mean_kind: str) -> list[str]:
+    """KIND.png for each kind, a mean figure of ``mean_kind`` (KIND_mean.png), bertviz.json (pieces)
+    and attention.html; the figures and the page show words with ``words``. Returns the names written."""
     shown = attention.to_words() if words else attention
     out.mkdir(parents=True, exist_ok=True)
-
-    for kind, amap in shown.maps().items():
+    maps = shown.maps()
+    for kind, amap in maps.items():
         save(grid_figure(amap), out / f"{kind}.png")
-    save(mean_figure(shown.cross), out / "cross_mean.png")
+    save(mean_figure(maps[mean_kind]), out / f"{mean_kind}_mean.png")
     bertviz = json.dumps(bertviz_data(attention), ensure_ascii=False)
     atomic_write(out / "bertviz.json", lambda tmp: tmp.write_text(bertviz, encoding="utf-8"))
     page = attention_html(shown)
     atomic_write(out / "attention.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
-    log.info("wrote %s into %s", ", ".join(FILES), out)
-
-    return {"src": attention.src, "tgt": attention.tgt, "decoded": tgt is None, "shift": shift,
-            "words": words, "alignment": format_pharaoh(word_alignment(attention.cross)),
-            "out": str(out), "files": list(FILES)}
+    files = [f"{kind}.png" for kind in maps] + [f"{mean_kind}_mean.png", "bertviz.json", "attention.html"]
+    log.info("wrote %s into %s", ", ".join(files), out)
+    return files
 
 
 def _check_length(what: str, pieces: int, limit: int) -> None:
