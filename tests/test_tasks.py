@@ -241,11 +241,11 @@ def test_pretraining_then_classifying_starts_from_the_pretrained_weights(tmp_pat
     train_tsv, valid_tsv = tsv_files
     cfg = config(tmp_path, "classify", f"data.train_tsv={train_tsv}", f"data.valid_tsv={valid_tsv}",
                  f"train.init_from={pre['best_model']}", "train.max_steps=1", "train.valid_every=1",
-                 "train.lr_peak=1e-9", tiny=False)  # the shape comes from init_from
+                 "train.lr_peak=1e-9", "model.dropout=0.3")  # the same shape; dropout may change
     summary = train(cfg, tmp_path / "cls")
     base, _ = load_model_dir(pre["best_model"])
     tuned, tok = load_model_dir(summary["last_checkpoint"])
-    assert tuned.cfg.labels == ["neg", "pos"] and tuned.cfg.num_labels == 2
+    assert tuned.cfg.labels == ["neg", "pos"] and tuned.cfg.num_labels == 2 and tuned.cfg.dropout == 0.3
     tokenizer_file = (Path(pre["best_model"]) / "tokenizer.json").read_bytes()
     assert (tmp_path / "cls" / "tokenizer.json").read_bytes() == tokenizer_file
     w0 = base.state_dict()["encoder.layers.0.ffn.linear1.weight"]
@@ -253,9 +253,14 @@ def test_pretraining_then_classifying_starts_from_the_pretrained_weights(tmp_pat
     torch.testing.assert_close(w0, w1, atol=1e-6, rtol=0)  # lr 1e-9: the encoder is the pretrained one
 
 
-def test_init_from_refuses_a_changed_shape(tmp_path, tsv_files):
-    with pytest.raises(AtencionError, match=r"model.d_ff: a model started from train.init_from keeps its shape"):
-        config(tmp_path, "classify", f"data.train_tsv={tsv_files[0]}", "train.init_from=somewhere")
+def test_init_from_refuses_a_changed_shape(tmp_path, text_file, tsv_files):
+    pre = train(config(tmp_path, "mlm", f"data.train_text={text_file}", "data.vocab_size=60",
+                       "train.max_steps=1", "train.valid_every=1"), tmp_path / "pre")
+    cfg = config(tmp_path, "classify", f"data.train_tsv={tsv_files[0]}", f"train.init_from={pre['best_model']}",
+                 "model.d_model=64", "train.max_steps=1")
+    with pytest.raises(AtencionError, match=r"model.d_model is 64 in the config but 32 in train.init_from"):
+        train(cfg, tmp_path / "cls")
+    assert not (tmp_path / "cls" / "checkpoints").exists()
 
 
 # every task: exact resume -------------------------------------------------------------------------

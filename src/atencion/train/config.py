@@ -129,7 +129,8 @@ SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
 # The vocabulary sizes and special ids come from the trained tokenizer, the labels from the data.
 MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
     "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels"}
-# What a model started from train.init_from may change: regularisation and the new head.
+# What a model started from train.init_from may change (regularisation and the new head); any
+# other model key the config gives must agree with the model it starts from.
 INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
 
 
@@ -329,11 +330,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if cfg.task == "translate" and d.tokenizer == "char":
         raise AtencionError(f"{source}: data.tokenizer: char is for the single-stack tasks (lm, mlm, classify)")
     if t.init_from is not None:
-        changed = sorted(set(cfg.model) - INIT_FROM_KEYS)
-        if changed:
-            raise AtencionError(f"{source}: model.{changed[0]}: a model started from train.init_from keeps its "
-                                f"shape; the model section may only set {sorted(INIT_FROM_KEYS)}")
-        return  # the model is the one in init_from, checked when it is read
+        return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
         task_values = {"num_labels": 2} if cfg.task == "classify" else {}
         built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, **task_values)

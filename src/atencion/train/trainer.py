@@ -407,6 +407,15 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
     """The model of a run started from train.init_from: the saved one, with the dropout and the
     head the new config and task ask for."""
     values = start.to_dict()
+    where = f"train.init_from {cfg.train.init_from}"
+    if cfg.model:  # the config's model must be the one it starts from, but for dropout and the head
+        given = ({**values, **cfg.model} if "preset" not in cfg.model else
+                 cfg.model_config(start.vocab_size, start.tgt_vocab_size, **task_values).to_dict())
+        for key, value in given.items():
+            if key not in INIT_FROM_KEYS | {"num_labels", "labels"} and value != values[key]:
+                raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; a "
+                                    f"model started from train.init_from keeps its shape (the model section "
+                                    f"may change {sorted(INIT_FROM_KEYS)})")
     values.update({key: value for key, value in cfg.model.items() if key in INIT_FROM_KEYS})
     if cfg.task != "classify":
         values.update(num_labels=0, labels=None)
@@ -416,8 +425,8 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
     try:
         model_cfg = ModelConfig.from_dict(values, source=None)
     except AtencionError as err:
-        raise AtencionError(f"train.init_from {cfg.train.init_from}: {err}") from None
-    check_task_model(cfg, model_cfg, f"train.init_from {cfg.train.init_from}")
+        raise AtencionError(f"{where}: {err}") from None
+    check_task_model(cfg, model_cfg, where)
     return model_cfg
 
 
