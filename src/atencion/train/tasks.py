@@ -224,6 +224,7 @@ def text_stream(lines: list[str], tokenizer: Tokenizer) -> list[int]:
     return stream
 
 
+@torch.no_grad()
 def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device,
               characters: int | None = None) -> dict:
     """Loss (nats per token), perplexity and bits per character of ``model`` on a token
@@ -388,6 +389,7 @@ class MLMTask(Task):
         return {"valid_loss": scores["loss"], "valid_ppl": scores["ppl"], "valid_accuracy": scores["accuracy"]}
 
 
+@torch.no_grad()
 def mlm_scores(model, masker: Masker, examples: list[list[int]], max_tokens: int, device, seed: int = 0) -> dict:
     """Masked-token loss and accuracy on ``examples`` (``<s>`` ids ``</s>``), masked as in
     training from a fixed seed (the same positions every time)."""
@@ -474,6 +476,7 @@ class ClassifyTask(Task):
         return {"valid_loss": scores["loss"], "valid_accuracy": scores["accuracy"]}
 
 
+@torch.no_grad()
 def classify_logits(model, examples: list[list[int]], max_tokens: int, device) -> Tensor:
     """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``), in their order."""
     out = torch.empty(len(examples), model.cfg.num_labels)
