@@ -71,11 +71,13 @@ def figure(report: dict, path: Path, block: int) -> None:
     ax = fig.add_subplot()
     for kind, losses in report["loss"].items():
         points = [(int(f) * block, v) for f, v in losses.items() if v is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=kind)
+        label = kind if len(points) == len(losses) else f"{kind} (no positions past {block})"
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4 if len(points) > 1 else 9,
+                label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (characters); trained at %d" % block)
     ax.set_ylabel("validation loss (nats/char)")
-    ax.set_title("Extrapolation past the training length, char-level GPT, Tiny Shakespeare")
+    ax.set_title("Char-level GPT on Tiny Shakespeare, past its training length", fontsize=10)
     ax.axvline(block, color="grey", linestyle=":", linewidth=1)
     ax.legend()
     ax.grid(alpha=0.3)
