@@ -24,7 +24,6 @@ import json
 import random
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,34 +84,18 @@ def dev_accuracy(model_dir: Path, dev: Path) -> dict:
 def masked_accuracy(mlm_dir: Path, config: str, data: Path) -> dict:
     """The pretrained model's masked accuracy on its held-out sentences (masked from a fixed
     seed), beside the accuracy of always guessing the most frequent token of the training text."""
-    import torch
-
     from atencion.data.text import read_text, split_tail
     from atencion.decode.model_dir import load_model_dir
+    from atencion.lm import evaluate_mlm
     from atencion.train.config import load_config
-    from atencion.train.tasks import Masker, encode_sentences, mlm_scores
 
     cfg = load_config(config, [f"data.train_text={data / 'pretrain.txt'}"])
     model, tokenizer = load_model_dir(mlm_dir / "best")
     train_lines, valid_lines = split_tail(read_text(str(data / "pretrain.txt"), "pretrain"), cfg.data.valid_fraction)
-    valid = encode_sentences(valid_lines, tokenizer, cfg.data.max_len, "held-out sentences")
-    masker = Masker(tokenizer, cfg.data.mask_probability)
-    with torch.inference_mode():
-        scores = mlm_scores(model, masker, valid, 4096, "cpu", seed=0)
-    counts = Counter(i for line in train_lines for i in tokenizer.encode(line))
-    top = counts.most_common(1)[0][0]
-    generator = torch.Generator().manual_seed(0)  # the same masked positions as mlm_scores
-    hits = total = 0
-    from atencion.data.batching import token_batches
-
-    for group in token_batches([(len(e), 0) for e in valid], 4096, seed=None):
-        _, targets = masker([valid[i] for i in group], generator)
-        chosen = targets[targets != 0]
-        hits += int((chosen == top).sum())
-        total += chosen.numel()
+    scores = evaluate_mlm(model, tokenizer, valid_lines, probability=cfg.data.mask_probability, count_from=train_lines)
     return {"masked_accuracy": round(scores["accuracy"], 4), "masked_loss": round(scores["loss"], 4),
-            "masked_tokens": scores["masked"], "unigram_guess": tokenizer.piece(top),
-            "unigram_guess_accuracy": round(hits / total, 4)}
+            "masked_tokens": scores["masked"], "unigram_guess": scores["most_frequent_token"],
+            "unigram_guess_accuracy": round(scores["most_frequent_token_accuracy"], 4)}
 
 
 def main(argv: list[str] | None = None) -> dict:

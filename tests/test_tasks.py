@@ -130,6 +130,7 @@ def test_an_lm_trains_validates_and_its_loss_falls(tmp_path, text_file):
     assert valid[0]["valid_bpc"] == pytest.approx(valid[0]["valid_loss"] / math.log(2))  # characters = tokens
     model, tok = load_model_dir(summary["best_model"])
     assert model.cfg.arch == "decoder" and tok.kind == "char"
+    assert 1 not in tok.encode("the cat\nsat") and tok.decode(tok.encode("the cat\nsat")) == "the cat\nsat"
 
 
 def test_a_text_shorter_than_one_block_is_refused(tmp_path):

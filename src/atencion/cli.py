@@ -219,23 +219,214 @@ def cmd_translate(args: argparse.Namespace) -> None:
         sys.stdout.write(text)
 
 
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a decoder-only language model (arch decoder)")
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt", default="", help="text to continue (default: none; the model starts a new line)")
+    prompts.add_argument("--input", help="a file of prompts, one a line: one generation per line")
+    p.add_argument("--max-new-tokens", type=_number(int, 1, highest=1_000_000), default=200,
+                   help="tokens generated per sample (default: 200)")
+    p.add_argument("--temperature", type=NON_NEGATIVE, default=1.0,
+                   help="divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: 1)")
+    p.add_argument("--top-k", type=COUNT, default=0,
+                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
+    p.add_argument("--top-p", type=_number(float, 0.0, inclusive=False, highest=1.0), default=1.0,
+                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
+                        "in (0, 1]; 1: off (default: 1)")
+    p.add_argument("--seed", type=_number(int, 0, highest=2**63 - 1),
+                   help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
+    p.add_argument("--num-samples", type=_number(int, 1, highest=1000), default=1,
+                   help="samples per prompt, drawn together as one batch (default: 1)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    """Continue a prompt with a decoder-only language model (a GPT) and print the prompt, its
+    continuation and a line break. One sample is printed token by token as it is generated (flushed
+    at once on a terminal); several (--num-samples) are drawn together and printed when done. With
+    --input each line of the file is a prompt, sampled with the same --seed. When --input or
+    --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
+    '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
+    model's learned positions) before anything is generated."""
+    from .data.corpus import read_lines
+    from .decode.model_dir import load_model_dir
+    from .lm import check_model, check_prompt, generate_text
+
+    if args.input:
+        need_file(args.input, "--input")
+    model, tokenizer = load_model_dir(args.model, args.device)
+    check_model(model, tokenizer, "generate")
+    if args.input:
+        def warn(message: str) -> None:
+            print(f"atencion generate: warning: {message}", file=sys.stderr)
+
+        lines = read_lines(args.input, allow_empty=True, errors="replace", warn=warn)
+        prompts = [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
+    else:
+        prompts = [(args.prompt, "--prompt")]
+    for prompt, what in prompts:
+        check_prompt(model, tokenizer, prompt, args.max_new_tokens, what)
+    out, live = sys.stdout, sys.stdout.isatty()
+
+    def show(sample: int, text: str) -> None:
+        out.write(text)
+        if live:
+            out.flush()
+
+    for number, (prompt, what) in enumerate(prompts, start=1):
+        sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, seed=args.seed, num_samples=args.num_samples, what=what)
+        if args.num_samples == 1:
+            out.write(f"--- line {number} ---\n{prompt}" if args.input else prompt)
+            generate_text(model, tokenizer, prompt, on_text=show, **sampling)
+            show(0, "\n")
+            continue
+        for k, text in enumerate(generate_text(model, tokenizer, prompt, **sampling), start=1):
+            header = f"--- line {number}, sample {k} ---" if args.input else f"--- sample {k} ---"
+            show(k, f"{header}\n{prompt}{text}\n")
+
+
+def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a masked language model (arch encoder, "
+                                                   "a vocabulary with <mask>)")
+    p.add_argument("--text", required=True, help='text with one or more <mask>, e.g. "the <mask> sat on the mat"')
+    p.add_argument("--top-k", type=_number(int, 1, highest=1000), default=5, help="tokens shown per mask (default: 5)")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object: {"text", "masks": [[{"token", "probability"}, ...], ...]}')
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_fill_mask(args: argparse.Namespace) -> None:
+    """Predict the token at each <mask> of --text with a masked language model (a BERT): for each
+    mask, in order, the --top-k most likely tokens with their probabilities, most likely first. The
+    masks are predicted at once, each seeing the others as <mask>. A SentencePiece token is shown in
+    quotes with its word-start mark as a leading space: " cat" starts a word, "ing" goes on with the
+    word before it."""
+    from .decode.model_dir import load_model_dir
+    from .lm import fill_mask
+
+    model, tokenizer = load_model_dir(args.model, args.device)
+    masks = fill_mask(model, tokenizer, args.text, args.top_k)
+    if args.json:
+        print(json.dumps({"text": args.text, "masks": [[{"token": token, "probability": p} for token, p in mask]
+                                                       for mask in masks]}, ensure_ascii=False))
+        return
+    for number, mask in enumerate(masks, start=1):
+        print(f"<mask> {number}:")
+        for token, p in mask:
+            print(f"  {p:.4f}  {json.dumps(token, ensure_ascii=False)}")
+
+
+def add_classify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a classifier (trained with task classify)")
+    p.add_argument("--input", help="sentences, one a line (default: stdin)")
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object per line: {"label", "probability", "probabilities": {LABEL: P, ...}}')
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
+                   help="a line of more pieces is refused, naming it, before any work (default: 1024)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_classify(args: argparse.Namespace) -> None:
+    """Label each line of --input (default stdin) with a classifier: one line out per line in,
+    'LABEL<TAB>PROBABILITY', the most likely label and its probability (--json: every label's).
+    An empty line gets the model's answer on the empty sentence, so that the lines stay aligned;
+    bytes that are not UTF-8 are replaced (with one warning)."""
+    from .data.corpus import read_lines
+    from .decode.model_dir import load_model_dir
+    from .lm import check_model, classify_lines, classify_probabilities, label_names
+
+    if args.input:
+        need_file(args.input, "--input")
+    model, tokenizer = load_model_dir(args.model, args.device)
+    check_model(model, tokenizer, "classify")
+
+    def warn(message: str) -> None:
+        print(f"atencion classify: warning: {message}", file=sys.stderr)
+
+    name = args.input or "stdin"
+    source = args.input or getattr(sys.stdin, "buffer", sys.stdin)
+    lines = read_lines(source, allow_empty=True, errors="replace", name=name, warn=warn)
+
+    def where(index: int) -> str:
+        return f"{name} line {index + 1}"
+
+    if not args.json:
+        sys.stdout.write("".join(f"{label}\t{p:.4f}\n" for label, p in
+                                 classify_lines(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens,
+                                                where)))
+        return
+    names = label_names(model)
+    for row in classify_probabilities(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens,
+                                      where).tolist():
+        best = max(range(len(row)), key=row.__getitem__)
+        print(json.dumps({"label": names[best], "probability": row[best], "probabilities": dict(zip(names, row))},
+                         ensure_ascii=False))
+
+
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     add_decoding_arguments(p)
-    p.add_argument("--src", required=True, help="source sentences, one a line")
-    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
-    p.add_argument("--output", help="also write the translations to this file (and, with --raw-ref, "
+    p.add_argument("--src", help="translator: source sentences, one a line")
+    p.add_argument("--ref", help="translator: reference translations, aligned with --src")
+    p.add_argument("--output", help="translator: also write the translations to this file (and, with --raw-ref, "
                                     "the detokenized ones to OUTPUT.detok)")
-    p.add_argument("--raw-ref", help="raw references (cased, untokenized), aligned with --src: score the "
-                                     "detokenized output against them with sacreBLEU (needs sacremoses)")
-    p.add_argument("--recase-from", help="raw text in the target language (e.g. the raw training targets) "
-                                         "to learn each word's casing from, to recase the output")
-    p.add_argument("--lang", help="target language for detokenizing (default: from --raw-ref's name, e.g. test.de.gz)")
+    p.add_argument("--raw-ref", help="translator: raw references (cased, untokenized), aligned with --src: score "
+                                     "the detokenized output against them with sacreBLEU (needs sacremoses)")
+    p.add_argument("--recase-from", help="translator: raw text in the target language (e.g. the raw training "
+                                         "targets) to learn each word's casing from, to recase the output")
+    p.add_argument("--lang", help="translator: target language for detokenizing (default: from --raw-ref's name, "
+                                  "e.g. test.de.gz)")
+    p.add_argument("--text", help="language model: a text, read as one stream with its line breaks; masked "
+                                  "language model: sentences, one a line")
+    p.add_argument("--block-size", type=POSITIVE,
+                   help="language model: tokens per block, each block read on its own (default: the model's "
+                        "max_positions)")
+    p.add_argument("--tsv", help="classifier: label<TAB>text rows (a first line whose label is no label of the "
+                                 "model is a header, as in training)")
+
+
+# what evaluate reads for each task, and what it needs
+EVALUATE_OPTIONS = {"translate": ("src", "ref", "output", "raw_ref", "recase_from", "lang"),
+                    "lm": ("text", "block_size"), "mlm": ("text",), "classify": ("tsv",)}
+EVALUATE_NEEDS = {"translate": "--src F --ref F", "lm": "--text F", "mlm": "--text F", "classify": "--tsv F"}
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    """Translate --src and score it against --ref: prints one JSON object (bleu, bleu_tok, chrf, settings).
-    With --raw-ref, for models trained on tokenized lower-cased text: also raw_bleu_lc, and with
-    --recase-from raw_bleu and raw_chrf (sacreBLEU on the recased, detokenized output)."""
+    """Score a model on a test set; prints one JSON object with "task", the scores and the settings.
+    What it reads depends on the model (its config.json):
+    a translator translates --src and scores it against --ref: bleu, bleu_tok, chrf; with --raw-ref,
+    for models trained on tokenized lower-cased text, also raw_bleu_lc, and with --recase-from
+    raw_bleu and raw_chrf (sacreBLEU on the recased, detokenized output).
+    A language model (task lm) reads --text: loss (nats per token), ppl and bpc (bits per character),
+    in non-overlapping blocks of --block-size tokens.
+    A masked language model (task mlm) reads --text, one sentence a line: loss, ppl and accuracy on
+    15% of the tokens, masked as in training from a fixed seed, beside most_frequent_token_accuracy,
+    that of always guessing the most frequent token of --text itself (a baseline that has seen the
+    test text's counts).
+    A classifier (task classify) reads --tsv: accuracy, loss and the confusion matrix (rows: true
+    label, columns: predicted, in the order of "labels").
+    An option for another kind of model is refused."""
+    from .config import ModelConfig
+    from .lm import KINDS, model_task
+    from .nn.transformer import CONFIG_FILE
+
+    model_dir = need_dir(args.model, "--model")
+    task = model_task(ModelConfig.load(model_dir / CONFIG_FILE))
+    for option in dict.fromkeys(o for options in EVALUATE_OPTIONS.values() for o in options):
+        if getattr(args, option) is not None and option not in EVALUATE_OPTIONS[task]:
+            kinds = " or ".join(KINDS[k] for k, options in EVALUATE_OPTIONS.items() if option in options)
+            raise AtencionError(f"{_flag(option)} is for {kinds}; --model {args.model} is {KINDS[task]}: give "
+                                f"{EVALUATE_NEEDS[task]}")
+    if task != "translate":
+        print(json.dumps({"task": task, **_evaluate_language_model(args, task)}, ensure_ascii=False))
+        return
+    if args.src is None or args.ref is None:
+        raise AtencionError(f"--model {args.model} is {KINDS[task]}: give {EVALUATE_NEEDS[task]}")
     from .evaluate import evaluate
 
     for option in ("src", "ref", "raw_ref", "recase_from"):
@@ -247,7 +438,34 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     result = evaluate(args.model, args.src, args.ref, decode_config_of(args), output=args.output,
                       device=args.device, raw_ref=args.raw_ref, recase_from=args.recase_from, lang=args.lang,
                       int8=args.int8, max_src_tokens=args.max_input_tokens)
-    print(json.dumps(result))
+    print(json.dumps({"task": task, **result}))
+
+
+def _evaluate_language_model(args: argparse.Namespace, task: str) -> dict:
+    """evaluate for the single-stack tasks: lm and mlm on --text, classify on --tsv."""
+    from .data.corpus import read_lines
+    from .data.text import read_labelled
+    from .decode.model_dir import load_model_dir
+    from .lm import KINDS, evaluate_classifier, evaluate_lm, evaluate_mlm, label_names
+
+    path = getattr(args, "tsv" if task == "classify" else "text")
+    if path is None:
+        raise AtencionError(f"--model {args.model} is {KINDS[task]}: give {EVALUATE_NEEDS[task]}")
+    need_file(path, _flag("tsv" if task == "classify" else "text"))
+    model, tokenizer = load_model_dir(args.model, args.device, args.int8)
+    settings = {"model": args.model, "int8": args.int8, "batch_tokens": args.batch_tokens}
+    if task == "classify":
+        rows, _, skipped = read_labelled(path, label_names(model))
+        if skipped:
+            print(f"atencion evaluate: warning: {path}: left out {skipped} rows with an empty text", file=sys.stderr)
+        scores = evaluate_classifier(model, tokenizer, rows, args.batch_tokens, args.max_input_tokens, f"--tsv {path}")
+        return {**scores, **settings, "tsv": path}
+    lines = read_lines(path)
+    if task == "lm":
+        scores = evaluate_lm(model, tokenizer, lines, args.block_size, args.batch_tokens)
+    else:
+        scores = evaluate_mlm(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens, what=path)
+    return {**scores, **settings, "text": path}
 
 
 def add_download_arguments(p: argparse.ArgumentParser) -> None:
@@ -266,35 +484,65 @@ def cmd_download(args: argparse.Namespace) -> None:
 
 
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--src", required=True, help="source sentence")
-    p.add_argument("--tgt", help="target sentence, teacher-forced (default: the model's own translation)")
+    p.add_argument("--model", required=True, help="model directory: a translator, a GPT (arch decoder) or a BERT "
+                                                   "(arch encoder)")
+    p.add_argument("--src", "--text", dest="src", metavar="TEXT", required=True,
+                   help="the sentence: a translator's source, a GPT's text (its prompt), a BERT's sentence")
+    p.add_argument("--tgt", help="translator only: target sentence, teacher-forced (default: the model's own "
+                                 "translation)")
     p.add_argument("--out", required=True, help="output directory (files of the same names are replaced)")
     p.add_argument("--words", action="store_true",
                    help="aggregate subword pieces into words: mean over a word's query rows, sum over its key columns")
-    p.add_argument("--shift", choices=["predict", "input"], default="predict",
-                   help="cross-attention row for target piece j: 'predict', row j, whose output predicts it "
-                        "(default); 'input', row j+1, where it is the decoder's input")
-    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4, help="beam size when decoding (default: 4)")
+    p.add_argument("--shift", choices=["predict", "input"],
+                   help="translator only: cross-attention row for target piece j: 'predict', row j, whose output "
+                        "predicts it (default); 'input', row j+1, where it is the decoder's input")
+    p.add_argument("--beam", type=_number(int, 1, highest=64),
+                   help="translator only: beam size when translating (default: 4)")
+    p.add_argument("--max-new-tokens", type=COUNT, default=0,
+                   help="GPT only: tokens to generate greedily after --text, shown with it (default: 0)")
     p.add_argument("--max-tokens", type=_number(int, 1, highest=512), default=128,
-                   help="most subword pieces on either side, at most 512 (default: 128; the maps grow with "
-                        "the square of the length), checked before any work")
+                   help="most tokens, at most 512: a translator's subword pieces on either side, a GPT's text + "
+                        "new tokens, a BERT's <s> sentence </s> (default: 128; the maps grow with the square of "
+                        "the length), checked before any work")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+# The options of `atencion attention` that only some architectures take: the archs, and what the option is.
+ATTENTION_OPTIONS = {
+    "tgt": (("encoder-decoder",), "teacher-forces a translation's target, for its cross-attention and alignment"),
+    "shift": (("encoder-decoder",), "picks a translation's cross-attention rows, for its alignment"),
+    "beam": (("encoder-decoder",), "is the beam of the translation shown (a GPT generates greedily: "
+                                   "--max-new-tokens)"),
+    "max_new_tokens": (("decoder",), "is the number of tokens a GPT generates after --text"),
+}
 
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write every attention map of one sentence pair into --out: encoder.png, decoder.png,
     cross.png (layers × heads), cross_mean.png, bertviz.json and attention.html. Without --tgt
-    the model translates --src first (beam search) and its output is the target."""
+    the model translates --src first (beam search) and its output is the target. A GPT or a
+    BERT has self-attention only: decoder.png (GPT, causal, over --text and the
+    --max-new-tokens it generates greedily) or encoder.png (BERT, over <s> --text </s>), its
+    KIND_mean.png, bertviz.json and attention.html."""
     from .decode.model_dir import load_model_dir
     from .decode.settings import DecodeConfig
-    from .viz.attention import CAUTION
-    from .viz.report import write_attention_report
+    from .viz.attention import ARCH_NAMES, CAUTION
+    from .viz.report import write_attention_report, write_self_attention_report
 
     need_output_dir(args.out, "--out", empty=False)
     model, tokenizer = load_model_dir(args.model, args.device)
-    summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt, args.words, args.shift,
-                                     DecodeConfig(beam=args.beam), args.max_tokens)
+    arch = model.cfg.arch
+    for name, (archs, what) in ATTENTION_OPTIONS.items():
+        if getattr(args, name) not in (None, 0) and arch not in archs:
+            raise AtencionError(f"--{name.replace('_', '-')} {what}; this model is {ARCH_NAMES[arch]}, so it "
+                                f"does not apply")
+    if arch == "encoder-decoder":
+        decode = DecodeConfig() if args.beam is None else DecodeConfig(beam=args.beam)
+        summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt, args.words,
+                                         args.shift or "predict", decode, args.max_tokens)
+    else:
+        summary = write_self_attention_report(model, tokenizer, args.src, args.out, args.words, args.max_new_tokens,
+                                              args.max_tokens)
     print(f"note: {CAUTION}", file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False))
 
@@ -375,7 +623,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0,
                    help="how long a request waits for others to share its batch (default: 5)")
     p.add_argument("--max-sentences", type=POSITIVE, default=64, help="sentences per request (default: 64)")
-    p.add_argument("--max-tokens", type=POSITIVE, default=256, help="subword pieces per sentence (default: 256)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=256,
+                   help="subword pieces per sentence, prompt or text to fill (default: 256)")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=512,
+                   help="tokens generated per sample by /generate (default: 512)")
+    p.add_argument("--max-samples", type=POSITIVE, default=16, help="samples per /generate request (default: 16)")
     p.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20,
                    help="request body size; larger is answered 413 (default: 1 MiB)")
     p.add_argument("--max-queue", type=POSITIVE, default=256,
@@ -390,7 +642,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve models over HTTP: POST /translate (batched with the requests that arrive with it),
-    GET /info, /health, /metrics (Prometheus), and the attention explorer at /. Stops on Ctrl-C or
+    /generate, /fill-mask and /classify (language models, one request at a time per model), GET
+    /info, /health, /metrics (Prometheus), and the attention explorer at /. Stops on Ctrl-C or
     SIGTERM after answering the requests in flight."""
     import os
 
@@ -403,6 +656,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
                              max_sentences=args.max_sentences, max_tokens=args.max_tokens,
+                             max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
                              max_body_bytes=args.max_body_bytes, max_queue=args.max_queue,
                              timeout_s=args.timeout, api_key=args.api_key or os.environ.get("ATENCION_API_KEY"))
     serve(load_models(args.model, args.device), args.host, args.port, settings)
@@ -436,9 +690,15 @@ COMMANDS = [
     ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
     ("train", "train a translator", add_train_arguments, cmd_train),
     ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
-    ("evaluate", "translate a test set and score it", add_evaluate_arguments, cmd_evaluate),
+    ("generate", "continue a prompt with a language model (GPT), streamed", add_generate_arguments, cmd_generate),
+    ("fill-mask", "predict the tokens at <mask> with a masked language model (BERT)", add_fill_mask_arguments,
+     cmd_fill_mask),
+    ("classify", "label each line with a classifier", add_classify_arguments, cmd_classify),
+    ("evaluate", "score a model on a test set (BLEU, perplexity, masked-token or label accuracy)",
+     add_evaluate_arguments, cmd_evaluate),
     ("download", "download a public dataset (multi30k)", add_download_arguments, cmd_download),
-    ("attention", "plot every attention map of one sentence pair", add_attention_arguments, cmd_attention),
+    ("attention", "plot every attention map of one sentence pair (or of a GPT's or a BERT's text)",
+     add_attention_arguments, cmd_attention),
     ("aer", "alignment error rate of cross-attention against gold alignments", add_aer_arguments, cmd_aer),
     ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
     ("export", "export a model to ctranslate2, hf (Marian) or onnx", add_export_arguments, cmd_export),

@@ -1,7 +1,8 @@
 """`atencion serve`: the HTTP API and the attention explorer page, on FastAPI.
 
-Endpoints: GET /health, /info, /metrics, / (the page) and /static/*; POST /translate (and
-/generate, /fill-mask, /classify, which answer 400 until a model of their kind is loaded).
+Endpoints: GET /health, /info, /metrics, / (the page) and /static/*; POST /translate (a
+translator), /generate (a decoder-only language model), /fill-mask (a masked language model) and
+/classify (a classifier); a model of another kind is answered 400, saying which endpoints it has.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
 never a traceback; see ``ServeSettings`` for the limits.
 """
@@ -17,20 +18,22 @@ import traceback
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from .. import lm
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
-from .batching import Batcher, Job, QueueFull, resolve
+from .batching import Batcher, Job, QueueFull, Worker, resolve
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
 STATIC = ("explorer.js", "explorer.css")
+NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
 
 
@@ -41,7 +44,9 @@ class ServeSettings:
     batch_tokens: int = 4096        # source tokens decoded together at most
     max_wait_ms: float = 5.0        # how long a request may wait for others to join its batch
     max_sentences: int = 64         # sentences per request
-    max_tokens: int = 256           # subword pieces per sentence
+    max_tokens: int = 256           # subword pieces per sentence (or prompt, or text to fill)
+    max_new_tokens: int = 512       # tokens generated per sample (/generate)
+    max_samples: int = 16           # samples per /generate request
     max_body_bytes: int = 1 << 20   # request body size (413 above it)
     max_queue: int = 256            # requests waiting per model (429 above it)
     timeout_s: float = 60.0         # per request, queueing included (504 after it)
@@ -60,9 +65,17 @@ class LoadedModel:
         return getattr(self.model.cfg, "arch", "encoder-decoder")
 
     @property
+    def task(self) -> str:
+        return lm.model_task(self.model.cfg)
+
+    @property
     def endpoints(self) -> list[str]:
-        return {"encoder-decoder": ["translate"], "decoder": ["generate"],
-                "encoder": ["fill-mask", "classify"]}[self.arch]
+        """What the model can answer, the endpoint of its own task first: a translator translates;
+        a decoder generates, an encoder with <mask> fills masks, a classification head classifies."""
+        if self.arch == "encoder-decoder":
+            return ["translate"]
+        can = [e for e in ("generate", "fill-mask", "classify") if lm.CAN[e](self.model, self.tokenizer)]
+        return sorted(can, key=lambda e: e != lm.USES[self.task])
 
 
 class TranslateRequest(BaseModel):
@@ -79,10 +92,34 @@ class TranslateRequest(BaseModel):
     attention: bool = False
 
 
-class ModelRequest(BaseModel):
-    """The endpoints of other kinds of model: only the model's name matters until one is loaded."""
+class GenerateRequest(BaseModel):
+    """POST /generate: see ``lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt: str = ""
+    model: str | None = None
+    max_new_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    num_samples: int = Field(1, ge=1)
+
+
+class FillMaskRequest(BaseModel):
+    """POST /fill-mask: see ``lm.fill_mask``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    model: str | None = None
+    top_k: int = Field(5, ge=1, le=100)
+
+
+class ClassifyRequest(BaseModel):
+    """POST /classify: see ``lm.classify_probabilities``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    texts: list[str] = Field(min_length=1)
     model: str | None = None
 
 
@@ -102,6 +139,7 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     by_name = {m.name: m for m in models}
     metrics = Metrics()
     batchers: dict[str, Batcher] = {}
+    workers: dict[str, Worker] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,9 +147,11 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
             if "translate" in m.endpoints:
                 batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
                                            settings.max_queue, metrics.batch, m.name)
+            else:
+                workers[m.name] = Worker(settings.max_queue, m.name)
         yield
-        for batcher in batchers.values():  # the requests in flight are answered first
-            await asyncio.to_thread(batcher.stop)
+        for queue in [*batchers.values(), *workers.values()]:  # the requests in flight are answered first
+            await asyncio.to_thread(queue.stop)
 
     app = FastAPI(title="atencion", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings, app.state.metrics = settings, metrics
@@ -160,13 +200,13 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
 
     @app.get("/info")
     async def info():
-        return {"models": [_describe(m) for m in models], "default_model": models[0].name,
+        return {"models": [_describe(m, settings) for m in models], "default_model": models[0].name,
                 "limits": asdict(settings) | {"api_key": settings.api_key is not None}}
 
     @app.get("/metrics")
     async def prometheus():
-        for name, batcher in batchers.items():
-            metrics.queue_depth(name, len(batcher))
+        for name, queue in [*batchers.items(), *workers.items()]:
+            metrics.queue_depth(name, len(queue))
         return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/", response_class=HTMLResponse)
@@ -224,8 +264,89 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
             out.append(item)
         return {"model": m.name, "translations": out}
 
-    for kind in ("generate", "fill-mask", "classify"):
-        app.post(f"/{kind}")(_other_kind(kind, by_name, models))
+    async def run(m: LoadedModel, work):
+        """``work()`` on the model's worker thread; its AtencionError is the request's fault (422)."""
+        try:
+            return await workers[m.name].run(work, settings.timeout_s)
+        except QueueFull as err:
+            raise Refused(429, str(err), {"Retry-After": "1"}) from None
+        except asyncio.TimeoutError:
+            raise Refused(504, f"no answer within {settings.timeout_s:g} s (the server is busy); retry "
+                               f"later or ask for less") from None
+        except AtencionError as err:
+            raise Refused(422, str(err)) from None
+
+    def model_answers(endpoint: str) -> Callable[[Any], None]:
+        """A check that the model a body names answers ``endpoint``, before the body is validated
+        against that endpoint's fields: a model of the wrong kind is told so (400) first."""
+        def check(data: Any) -> None:
+            name = data.get("model") if isinstance(data, dict) else None
+            _model(by_name, models, name if isinstance(name, str) else None, endpoint)
+        return check
+
+    def check_length(field: str, text: str, pieces: int | None = None) -> None:
+        if len(text) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
+            raise Refused(422, f"{field}: {len(text)} characters, too long (at most {settings.max_tokens} "
+                               f"subword pieces)")
+        if pieces is not None and pieces > settings.max_tokens:
+            raise Refused(422, f"{field}: {pieces} subword pieces, more than the limit of {settings.max_tokens}")
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await _parse(request, GenerateRequest, model_answers("generate"))
+        m = _model(by_name, models, body.model, "generate")
+        new_tokens = body.max_new_tokens or min(NEW_TOKENS, settings.max_new_tokens)
+        if new_tokens > settings.max_new_tokens:
+            raise Refused(422, f"max_new_tokens: {new_tokens} is more than the limit of {settings.max_new_tokens}")
+        if body.num_samples > settings.max_samples:
+            raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
+        check_length("prompt", body.prompt)
+        try:
+            ids = lm.check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+        except AtencionError as err:
+            raise Refused(422, str(err)) from None
+        check_length("prompt", body.prompt, len(ids))
+        texts = await run(m, lambda: lm.generate_text(
+            m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
+            body.num_samples, what="prompt"))
+        return {"model": m.name, "prompt": body.prompt, "texts": texts}
+
+    @app.post("/fill-mask")
+    async def fill(request: Request):
+        body = await _parse(request, FillMaskRequest, model_answers("fill-mask"))
+        m = _model(by_name, models, body.model, "fill-mask")
+        check_length("text", body.text)
+        try:
+            pieces = len(lm.masked_ids(m.tokenizer, body.text, "text")) - 2
+        except AtencionError as err:
+            raise Refused(422, str(err)) from None
+        check_length("text", body.text, pieces)
+        masks = await run(m, lambda: lm.fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
+        return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask]
+                                           for mask in masks]}
+
+    @app.post("/classify")
+    async def classify(request: Request):
+        body = await _parse(request, ClassifyRequest, model_answers("classify"))
+        m = _model(by_name, models, body.model, "classify")
+        if len(body.texts) > settings.max_sentences:
+            raise Refused(422, f"texts: {len(body.texts)} texts, more than the limit of {settings.max_sentences} "
+                               f"per request")
+        for i, text in enumerate(body.texts):
+            check_length(f"texts.{i}", text)
+        try:
+            lm.sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
+        except AtencionError as err:
+            raise Refused(422, str(err)) from None
+        probabilities = await run(m, lambda: lm.classify_probabilities(
+            m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
+        names = lm.label_names(m.model)
+        predictions = []
+        for row in probabilities.tolist():
+            best = max(range(len(row)), key=row.__getitem__)
+            predictions.append({"label": names[best], "probability": row[best],
+                                "probabilities": dict(zip(names, row))})
+        return {"model": m.name, "predictions": predictions}
 
     return app
 
@@ -257,9 +378,9 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
     return await call_next(request)
 
 
-async def _parse(request: Request, schema: type[BaseModel]) -> BaseModel:
+async def _parse(request: Request, schema: type[BaseModel], first: Callable[[Any], None] | None = None) -> BaseModel:
     """The JSON body (whatever its content type says) validated against ``schema``; a 4xx naming
-    the field otherwise."""
+    the field otherwise. ``first(data)``, if given, sees the decoded body before it is validated."""
     raw = await request.body()
     try:
         data = json.loads(raw.decode("utf-8"))
@@ -269,6 +390,8 @@ async def _parse(request: Request, schema: type[BaseModel]) -> BaseModel:
         raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
+    if first is not None:
+        first(data)
     try:
         return schema.model_validate(data)
     except ValidationError as err:
@@ -286,33 +409,32 @@ def _model(by_name: dict[str, LoadedModel], models: list[LoadedModel], name: str
         raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
     m = by_name[name] if name is not None else models[0]
     if endpoint not in m.endpoints:
-        fits = {"translate": "an encoder-decoder (translation) model", "generate": "a decoder-only model",
-                "fill-mask": "an encoder model", "classify": "an encoder model"}[endpoint]
-        raise Refused(400, f"/{endpoint} needs {fits}; model {m.name!r} is {m.arch} and answers "
-                           f"{', '.join('/' + e for e in m.endpoints)}")
+        raise Refused(400, f"/{endpoint} needs {lm.NEEDS[endpoint]}; model {m.name!r} is {lm.KINDS[m.task]} "
+                           f"and answers {', '.join('/' + e for e in m.endpoints)}")
     return m
 
 
-def _other_kind(kind: str, by_name, models):
-    async def endpoint(request: Request):
-        body = await _parse(request, ModelRequest)
-        _model(by_name, models, body.model, kind)
-        raise Refused(400, f"/{kind}: not available for the loaded models")  # no such model can load yet
-    endpoint.__name__ = kind.replace("-", "_")
-    return endpoint
+def _describe(m: LoadedModel, settings: ServeSettings) -> dict[str, Any]:
+    """A model for /info: its task ("translate", "lm", "mlm" or "classify"), endpoints, config and
+    the defaults of its first endpoint's request ("decoding")."""
+    described = {"name": m.name, "path": m.path, "arch": m.arch, "task": m.task,
+                 "endpoints": ["/" + e for e in m.endpoints], "config": m.model.cfg.to_dict(),
+                 "vocab_size": {"source": m.tokenizer.src_vocab_size, "target": m.tokenizer.tgt_vocab_size},
+                 "parameters": m.model.num_parameters(),
+                 "decoding": _defaults(m.endpoints[0], settings) if m.endpoints else {}}
+    if "classify" in m.endpoints:
+        described["labels"] = lm.label_names(m.model)
+    return described
 
 
-def _describe(m: LoadedModel) -> dict[str, Any]:
-    task = {"encoder-decoder": "translate", "decoder": "generate", "encoder": "fill-mask"}[m.arch]
-    return {"name": m.name, "path": m.path, "arch": m.arch, "task": task,
-            "endpoints": ["/" + e for e in m.endpoints], "config": m.model.cfg.to_dict(),
-            "vocab_size": {"source": m.tokenizer.src_vocab_size, "target": m.tokenizer.tgt_vocab_size},
-            "parameters": m.model.num_parameters(), "decoding": _decoding_defaults()}
-
-
-def _decoding_defaults() -> dict[str, Any]:
-    fields = TranslateRequest.model_fields
-    return {name: fields[name].default for name in ("beam", "alpha", "nbest", "max_len_a", "max_len_b")}
+def _defaults(endpoint: str, settings: ServeSettings) -> dict[str, Any]:
+    schema, names = {"translate": (TranslateRequest, ("beam", "alpha", "nbest", "max_len_a", "max_len_b")),
+                     "generate": (GenerateRequest, ("temperature", "top_k", "top_p", "num_samples")),
+                     "fill-mask": (FillMaskRequest, ("top_k",)), "classify": (ClassifyRequest, ())}[endpoint]
+    defaults = {name: schema.model_fields[name].default for name in names}
+    if endpoint == "generate":
+        defaults["max_new_tokens"] = min(NEW_TOKENS, settings.max_new_tokens)
+    return defaults
 
 
 def _static(name: str) -> bytes:

@@ -6,6 +6,10 @@ others with the same decoding settings, takes as many as fit in ``batch_tokens``
 decodes all their sentences in one call of ``translate_lines`` (which sorts them by length), and
 hands each job its part. So under concurrency the batch grows instead of requests queueing one
 behind another, and a lone request waits at most ``max_wait_ms`` more than it would alone.
+
+The language models' endpoints (generate, fill-mask, classify) are not batched across requests:
+a ``Worker`` runs each model's requests one at a time on a thread of its own, with the same
+bounded queue.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -157,6 +162,33 @@ class Batcher:
 
         return {"bertviz": bertviz_data(attention), "pieces": maps(attention), "words": maps(words),
                 "alignment": sorted([i, j] for i, j in word_alignment(attention.cross))}
+
+
+class Worker:
+    """The thread of one model that runs its requests one after another, and their bounded queue."""
+
+    def __init__(self, max_queue: int, name: str = "model"):
+        self.max_queue, self.waiting = max_queue, 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"worker-{name}")
+
+    def __len__(self) -> int:
+        return self.waiting
+
+    async def run(self, work: Callable[[], Any], timeout_s: float) -> Any:
+        """``work()`` on the model's thread; QueueFull when ``max_queue`` requests already wait,
+        asyncio.TimeoutError after ``timeout_s`` (a request that has not started is dropped)."""
+        if self.waiting >= self.max_queue:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
+        self.waiting += 1  # only the event loop's thread counts: no lock
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._executor, work)
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self.waiting -= 1
+
+    def stop(self) -> None:
+        """Finish the requests already queued, then end the thread."""
+        self._executor.shutdown(wait=True)
 
 
 def resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future):

@@ -261,6 +261,8 @@ class LMTask(Task):
         self.train_lines, self.valid_lines = _text_splits(cfg)
 
     def tokenizer_texts(self) -> list[str]:
+        if self.cfg.data.tokenizer == "char":  # the stream keeps its newlines: they are characters too
+            return [line + "\n" for line in self.train_lines]
         return self.train_lines
 
     def encode(self, tokenizer: Tokenizer) -> None:

@@ -87,8 +87,13 @@ function describeModel() {
   const name = state.info.models.length < 2 ? `model ${m.name}: ` : "";
   $("model-info").textContent = `${name}${m.arch}, ${c.n_layers} layers, ${c.n_heads} heads, ` +
     `${(m.parameters / 1e6).toFixed(2)} M parameters`;
-  $("beam").value = m.decoding.beam;
-  $("output-title").textContent = m.task === "translate" ? "Translation" : "Output";
+  // The page explores translations; another kind of model is named with its endpoints instead.
+  const translator = m.task === "translate";
+  $("translate").disabled = !translator;
+  showError(translator ? "" : `${m.name} is a model of task ${m.task}: this page explores translators; ` +
+    `ask it through ${m.endpoints.join(", ")} (see /info)`);
+  if (translator) $("beam").value = m.decoding.beam;
+  $("output-title").textContent = "Translation";
 }
 
 async function translate() {
@@ -102,13 +107,13 @@ async function translate() {
     nbest: Number.isNaN(nbest) ? $("nbest-size").value : nbest,
     attention: true,
   };
-  const endpoint = (m.endpoints[0] || "/translate").slice(1);
+  if (m.task !== "translate") return;
   showError("");
   $("translate").disabled = true;
   $("status").textContent = "translating…";
   const began = performance.now();
   try {
-    const answer = await api(endpoint, body);
+    const answer = await api("translate", body);
     state.result = answer.translations[0];
     $("status").textContent = `${answer.model}: ${Math.round(performance.now() - began)} ms`;
     renderResult();

@@ -1,0 +1,409 @@
+"""Language models at work (atencion/lm.py, `atencion generate | fill-mask | classify | evaluate`,
+the server's /generate, /fill-mask, /classify), on tiny random models saved as model directories:
+each answer equals what the model computes, seeds reproduce, one line comes out per line in, and
+every bad input is one line on stderr with exit status 2."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from atencion import ModelConfig, Transformer
+from atencion.cli import main
+from atencion.data.batching import token_batches
+from atencion.data.text import read_labelled
+from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
+from atencion.decode.model_dir import load_model_dir
+from atencion.decode.sample import generate_ids
+from atencion.lm import (
+    classify_lines,
+    classify_probabilities,
+    evaluate_classifier,
+    evaluate_lm,
+    evaluate_mlm,
+    fill_mask,
+    generate_text,
+    model_task,
+    prompt_ids,
+    render,
+)
+from atencion.serve.app import LoadedModel, ServeSettings, create_app
+from atencion.serve.batching import QueueFull, Worker
+from atencion.train.checkpoint import save_checkpoint
+from atencion.train.tasks import Masker, classify_scores, lm_scores, mlm_scores, text_stream
+
+LINES = ["the cat sat on the mat", "the dog ate the bone", "a bird sang in the tree", "my cat likes fish",
+         "the sun is warm today", "we walk to the park"] * 3
+SMALL = dict(n_layers=1, d_model=32, d_ff=64, n_heads=2, max_positions=64)
+
+
+def save(path, preset, tokenizer, **overrides):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset(preset, vocab_size=tokenizer.vocab_size, **{**SMALL, **overrides}))
+    save_checkpoint(path, model, tokenizer)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Model directories: GPTs on characters and on SentencePiece, BERTs (SentencePiece and
+    characters, with <mask>), classifiers (an encoder and a decoder) with labels neg and pos, and a
+    translator."""
+    root = tmp_path_factory.mktemp("lm-models")
+    char = Tokenizer.train_text([line + "\n" for line in LINES], "char")
+    pieces = Tokenizer.train_text(LINES, "sentencepiece", vocab_size=60)
+    masked = Tokenizer.train_text(LINES, "sentencepiece", vocab_size=60, symbols=(MASK,))
+    masked_char = Tokenizer.train_text(LINES, "char", symbols=(MASK,))
+    labels = dict(num_labels=2, labels=["neg", "pos"])
+    return {"gpt": save(root / "gpt", "gpt-tiny", char), "gpt-sp": save(root / "gpt-sp", "gpt-tiny", pieces),
+            "bert": save(root / "bert", "bert-tiny", masked), "bert-char": save(root / "bert-char", "bert-tiny",
+                                                                                  masked_char),
+            "classifier": save(root / "classifier", "bert-tiny", masked, **labels),
+            "gpt-classifier": save(root / "gpt-classifier", "gpt-tiny", char, **labels),
+            "translator": save(root / "translator", "tiny", pieces)}
+
+
+@pytest.fixture(scope="module")
+def loaded(models):
+    return {name: load_model_dir(path) for name, path in models.items()}
+
+
+def run(argv, capsys):
+    """(exit status, stdout, stderr) of `atencion ARGV` in this process."""
+    try:
+        status = main(argv)
+    except SystemExit as exit:  # argparse's errors
+        status = exit.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# generate ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
+def test_a_seed_reproduces_the_samples_and_top_k_1_is_temperature_0(loaded, name):
+    model, tokenizer = loaded[name]
+    first = generate_text(model, tokenizer, "the cat", 20, seed=5, num_samples=3)
+    assert first == generate_text(model, tokenizer, "the cat", 20, seed=5, num_samples=3)
+    assert len(first) == 3 and len(set(first)) > 1
+    assert generate_text(model, tokenizer, "the cat", 20, top_k=1) == \
+        generate_text(model, tokenizer, "the cat", 20, temperature=0)
+
+
+@pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
+def test_the_text_is_what_the_sampler_draws_and_streams_as_it_is_returned(loaded, name):
+    model, tokenizer = loaded[name]
+    ids = prompt_ids(tokenizer, "the dog")
+    expected = generate_ids(model, torch.tensor([ids] * 2), 25, 0.8, 10, 0.9, torch.Generator().manual_seed(3))
+    pieces = {0: [], 1: []}
+    texts = generate_text(model, tokenizer, "the dog", 25, 0.8, 10, 0.9, seed=3, num_samples=2,
+                          on_text=lambda k, text: pieces[k].append(text))
+    for k in range(2):
+        whole = render(tokenizer, ids + expected[k].tolist())
+        assert render(tokenizer, ids) + texts[k] == whole
+        assert "".join(pieces[k]) == texts[k] and len(pieces[k]) > 1
+
+
+def test_a_prompt_reads_like_the_training_stream_with_sentencepiece_line_breaks_as_eos(loaded):
+    _, pieces = loaded["gpt-sp"]
+    _, chars = loaded["gpt"]
+    assert prompt_ids(pieces, "") == [EOS_ID] and prompt_ids(chars, "") == chars.encode("\n")
+    assert prompt_ids(pieces, "the cat\nthe dog") == pieces.encode("the cat") + [EOS_ID] + pieces.encode("the dog")
+    assert prompt_ids(pieces, "the cat\nthe dog") == text_stream(["the cat", "the dog"], pieces)[:-1]
+    assert render(pieces, prompt_ids(pieces, "the cat\nthe dog\n")) == "the cat\nthe dog\n"
+
+
+def test_generate_prints_the_prompt_and_its_continuation_as_the_library_samples_it(models, loaded, capsys):
+    model, tokenizer = loaded["gpt"]
+    status, out, err = run(["generate", "--model", models["gpt"], "--prompt", "the cat", "--seed", "7",
+                            "--max-new-tokens", "30", "--top-p", "0.9"], capsys)
+    assert status == 0 and err == ""
+    assert out == "the cat" + generate_text(model, tokenizer, "the cat", 30, top_p=0.9, seed=7)[0] + "\n"
+    assert run(["generate", "--model", models["gpt"], "--prompt", "the cat", "--seed", "7", "--max-new-tokens",
+                "30", "--top-p", "0.9"], capsys)[1] == out
+
+
+def test_generate_with_input_gives_one_generation_per_line_under_headers(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["gpt-sp"]
+    (tmp_path / "prompts.txt").write_text("the cat\n\nmy dog\n")
+    status, out, _ = run(["generate", "--model", models["gpt-sp"], "--input", str(tmp_path / "prompts.txt"),
+                          "--seed", "1", "--max-new-tokens", "8"], capsys)
+    assert status == 0
+    expected = "".join(f"--- line {n} ---\n{p}{generate_text(model, tokenizer, p, 8, seed=1)[0]}\n"
+                       for n, p in enumerate(["the cat", "", "my dog"], start=1))
+    assert out == expected
+    status, out, _ = run(["generate", "--model", models["gpt-sp"], "--prompt", "the", "--seed", "1",
+                          "--max-new-tokens", "8", "--num-samples", "2"], capsys)
+    texts = generate_text(model, tokenizer, "the", 8, seed=1, num_samples=2)
+    assert out == f"--- sample 1 ---\nthe{texts[0]}\n--- sample 2 ---\nthe{texts[1]}\n"
+
+
+def test_generate_in_a_real_process_streams_to_a_pipe_and_ends_cleanly(models):
+    done = subprocess.run([sys.executable, "-m", "atencion", "generate", "--model", models["gpt"], "--prompt", "a",
+                           "--seed", "0", "--max-new-tokens", "12"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("a") and done.stdout.endswith("\n")
+
+
+# fill-mask --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bert", "bert-char"])
+def test_fill_mask_ranks_the_model_s_own_probabilities_at_each_mask(loaded, name):
+    model, tokenizer = loaded[name]
+    masks = fill_mask(model, tokenizer, f"the {MASK} sat on the {MASK}", top_k=4)
+    parts = "the <mask> sat on the <mask>".split(MASK)
+    ids = [BOS_ID, *tokenizer.encode(parts[0]), tokenizer.mask_id, *tokenizer.encode(parts[1]),
+           tokenizer.mask_id, EOS_ID]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0]
+    at = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+    assert len(masks) == 2
+    for position, mask in zip(at, masks):
+        probabilities = [p for _, p in mask]
+        assert len(mask) == 4 and probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1
+        best = int(logits[position].argmax())
+        shown = tokenizer.piece(best).replace("▁", " ") if tokenizer.kind == "sentencepiece" else tokenizer.piece(best)
+        assert mask[0][0] == shown
+        assert mask[0][1] == pytest.approx(float(logits[position].softmax(-1).max()), abs=1e-6)
+
+
+def test_fill_mask_prints_a_table_or_the_library_s_json(models, loaded, capsys):
+    model, tokenizer = loaded["bert"]
+    text = f"my {MASK} likes fish"
+    status, out, _ = run(["fill-mask", "--model", models["bert"], "--text", text, "--json", "--top-k", "3"], capsys)
+    assert status == 0
+    expected = [[{"token": t, "probability": p} for t, p in mask] for mask in fill_mask(model, tokenizer, text, 3)]
+    assert json.loads(out) == {"text": text, "masks": expected}
+    status, out, _ = run(["fill-mask", "--model", models["bert"], "--text", text], capsys)
+    lines = out.splitlines()
+    assert status == 0 and lines[0] == "<mask> 1:" and len(lines) == 6
+    assert lines[1].split(maxsplit=1)[1] == json.dumps(fill_mask(model, tokenizer, text)[0][0][0])
+
+
+# classify ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["classifier", "gpt-classifier"])
+def test_classify_gives_one_line_per_line_with_the_model_s_softmax(models, loaded, tmp_path, capsys, name):
+    model, tokenizer = loaded[name]
+    lines = ["the cat sat on the mat", "", "a bird sang in the tree and the dog ate the bone"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    status, out, _ = run(["classify", "--model", models[name], "--input", str(tmp_path / "in.txt")], capsys)
+    assert status == 0 and len(out.splitlines()) == 3
+    for line, row in zip(lines, out.splitlines()):
+        with torch.no_grad():
+            probabilities = model.classify(torch.tensor([[BOS_ID, *tokenizer.encode(line), EOS_ID]]))[0].softmax(-1)
+        label, p = row.split("\t")
+        assert label == ["neg", "pos"][int(probabilities.argmax())] and float(p) == pytest.approx(
+            float(probabilities.max()), abs=1e-4)
+    status, out, _ = run(["classify", "--model", models[name], "--input", str(tmp_path / "in.txt"), "--json"],
+                         capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    together = classify_probabilities(model, tokenizer, lines)
+    assert [[r["probabilities"]["neg"], r["probabilities"]["pos"]] for r in rows] == together.tolist()
+    assert [(r["label"], r["probability"]) for r in rows] == classify_lines(model, tokenizer, lines)
+
+
+def test_classify_reads_stdin_and_replaces_bytes_that_are_not_utf8(models, loaded):
+    done = subprocess.run([sys.executable, "-m", "atencion", "classify", "--model", models["classifier"]],
+                          input=b"the cat\n\xe9 bad\n", capture_output=True, timeout=120)
+    assert done.returncode == 0 and len(done.stdout.decode().splitlines()) == 2
+    assert done.stderr.decode().count("\n") == 1 and "stdin line 2: not valid UTF-8" in done.stderr.decode()
+
+
+# evaluate ---------------------------------------------------------------------------------------
+
+
+def test_evaluate_an_lm_reports_what_lm_scores_computes(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["gpt"]
+    (tmp_path / "test.txt").write_text("\n".join(LINES[:5]) + "\n")
+    status, out, _ = run(["evaluate", "--model", models["gpt"], "--text", str(tmp_path / "test.txt"),
+                          "--block-size", "16"], capsys)
+    result = json.loads(out)
+    stream = torch.tensor(text_stream(LINES[:5], tokenizer))
+    with torch.no_grad():
+        expected = lm_scores(model, stream, 16, 4096 // 16, "cpu")
+    assert status == 0 and result["task"] == "lm"
+    for key in ("loss", "ppl", "bpc", "tokens", "block_size"):
+        assert result[key] == pytest.approx(expected[key], rel=1e-6), key
+    assert evaluate_lm(model, tokenizer, LINES[:5])["block_size"] == 64  # max_positions by default
+
+
+def test_evaluate_an_mlm_reports_mlm_scores_and_the_most_frequent_token_baseline(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["bert"]
+    (tmp_path / "test.txt").write_text("\n".join(LINES) + "\n\n")
+    status, out, _ = run(["evaluate", "--model", models["bert"], "--text", str(tmp_path / "test.txt")], capsys)
+    result = json.loads(out)
+    examples = [[BOS_ID, *tokenizer.encode(line), EOS_ID] for line in LINES]
+    masker = Masker(tokenizer)
+    with torch.no_grad():
+        expected = mlm_scores(model, masker, examples, 4096, "cpu", seed=0)
+    assert status == 0 and result["task"] == "mlm" and result["sentences"] == len(LINES)
+    for key in ("loss", "ppl", "accuracy", "masked"):
+        assert result[key] == pytest.approx(expected[key], rel=1e-6), key
+    generator, gold = torch.Generator().manual_seed(0), []
+    for group in token_batches([(len(e), 0) for e in examples], 4096, seed=None):
+        _, targets = masker([examples[i] for i in group], generator)
+        gold += targets[targets != PAD_ID].tolist()
+    counts = torch.bincount(torch.tensor([i for e in examples for i in e[1:-1]]))
+    assert len(gold) == result["masked"]
+    assert result["most_frequent_token_accuracy"] == sum(g == int(counts.argmax()) for g in gold) / len(gold)
+    assert evaluate_mlm(model, tokenizer, LINES + [""]) == {k: v for k, v in result.items()
+                                                           if k not in ("task", "model", "int8", "batch_tokens",
+                                                                        "text")}
+
+
+def test_evaluate_a_classifier_reports_accuracy_loss_and_the_confusion_matrix(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["classifier"]
+    (tmp_path / "dev.tsv").write_text("label\tsentence\npos\tthe cat sat\nneg\tthe dog ate\npos\tmy cat likes fish\n")
+    status, out, _ = run(["evaluate", "--model", models["classifier"], "--tsv", str(tmp_path / "dev.tsv")], capsys)
+    result = json.loads(out)
+    rows, _, _ = read_labelled(str(tmp_path / "dev.tsv"), ["neg", "pos"])
+    with torch.no_grad():
+        expected = classify_scores(model, [[BOS_ID, *tokenizer.encode(t), EOS_ID] for _, t in rows],
+                                   [label for label, _ in rows], 4096, "cpu")
+    assert status == 0 and result["task"] == "classify" and result["labels"] == ["neg", "pos"]
+    assert result["confusion"] == expected["confusion"] and sum(map(sum, result["confusion"])) == 3
+    assert result["accuracy"] == expected["accuracy"] and result["loss"] == pytest.approx(expected["loss"])
+    assert evaluate_classifier(model, tokenizer, rows)["confusion"] == expected["confusion"]
+
+
+def test_each_model_dir_says_its_task(loaded):
+    tasks = {name: model_task(model.cfg) for name, (model, _) in loaded.items()}
+    assert tasks == {"gpt": "lm", "gpt-sp": "lm", "bert": "mlm", "bert-char": "mlm", "classifier": "classify",
+                     "gpt-classifier": "classify", "translator": "translate"}
+
+
+# bad input: one line, exit 2 --------------------------------------------------------------------
+
+
+def bad_cases():
+    """(command line with placeholders for model dirs and files, what the one stderr line must say)."""
+    return [
+        ("generate --model BERT --prompt the", "generate needs a decoder-only model"),
+        ("generate --model GPT --top-p 0", "argument --top-p"),
+        ("generate --model GPT --top-p 1.5", "argument --top-p"),
+        ("generate --model GPT --temperature -1", "argument --temperature"),
+        ("generate --model GPT --top-k -2", "argument --top-k"),
+        ("generate --model GPT --prompt the --input PROMPTS", "not allowed with argument"),
+        ("generate --model GPT --prompt LONG --max-new-tokens 10", "--prompt: 60 tokens + 10 new tokens reach "
+                                                                   "position 69"),
+        ("generate --model GPT --input PROMPTS --max-new-tokens 60", "--input line 2: 7 tokens + 60 new tokens"),
+        ("fill-mask --model GPT --text the_<mask>", "fill-mask needs an encoder"),
+        ("fill-mask --model BERT --text no_mask_here", "--text: no <mask> in the text"),
+        ("fill-mask --model BERT --top-k 0 --text <mask>", "argument --top-k"),
+        ("classify --model BERT --input PROMPTS", "classify needs a model with a classification head"),
+        ("classify --model CLASSIFIER --input PROMPTS --max-input-tokens 3", "prompts.txt line 2: 4 tokens, more "
+                                                                             "than the limit of 3"),
+        ("evaluate --model CLASSIFIER --tsv NO_TAB", "line 2: expected label<TAB>text, found no tab"),
+        ("evaluate --model CLASSIFIER --tsv UNSEEN", "line 3: label 'maybe' was not seen in training"),
+        ("evaluate --model GPT --text PROMPTS --src PROMPTS", "--src is for a translator"),
+        ("evaluate --model GPT --tsv PROMPTS", "--tsv is for a classifier"),
+        ("evaluate --model BERT --text PROMPTS --block-size 8", "--block-size is for a language model"),
+        ("evaluate --model GPT", "is a language model (arch decoder): give --text F"),
+        ("evaluate --model GPT --text PROMPTS --block-size 65", "--block-size 65: more than this model's learned"),
+        ("evaluate --model TRANSLATOR --text PROMPTS", "--text is for a language model"),
+        ("evaluate --model TRANSLATOR --src PROMPTS", "is a translator (arch encoder-decoder): give --src F --ref F"),
+        ("generate --model TRANSLATOR", "this model is a translator (arch encoder-decoder): use translate"),
+    ]
+
+
+@pytest.mark.parametrize("command, message", bad_cases(), ids=[c[0] for c in bad_cases()])
+def test_bad_input_is_one_line_naming_it_and_exit_2(models, tmp_path, capsys, command, message):
+    (tmp_path / "prompts.txt").write_text("a cat\nthe dog\n")
+    (tmp_path / "no-tab.tsv").write_text("pos\tthe cat\nneg the dog\n")
+    (tmp_path / "unseen.tsv").write_text("pos\tthe cat\nneg\tthe dog\nmaybe\tthe bird\n")
+    places = {"GPT": models["gpt"], "BERT": models["bert"], "CLASSIFIER": models["classifier"],
+              "TRANSLATOR": models["translator"], "PROMPTS": str(tmp_path / "prompts.txt"),
+              "NO_TAB": str(tmp_path / "no-tab.tsv"), "UNSEEN": str(tmp_path / "unseen.tsv"), "LONG": "ab" * 30}
+    argv = [places.get(word, word.replace("_", " ")) for word in command.split()]
+    status, out, err = run(argv, capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and message in err, err
+
+
+# the server -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(loaded, models):
+    served = [LoadedModel(name, models[name], *loaded[name]) for name in ("gpt-sp", "bert", "classifier")]
+    with TestClient(create_app(served, ServeSettings(max_new_tokens=40, max_samples=4, max_tokens=30))) as c:
+        yield c
+
+
+def test_the_server_answers_what_the_library_computes(client, loaded):
+    r = client.post("/generate", json={"model": "gpt-sp", "prompt": "the cat", "max_new_tokens": 12, "seed": 4,
+                                       "num_samples": 2, "temperature": 0.7, "top_p": 0.95})
+    assert r.status_code == 200, r.text
+    assert r.json()["texts"] == generate_text(*loaded["gpt-sp"], "the cat", 12, 0.7, 0, 0.95, 4, 2)
+    r = client.post("/fill-mask", json={"model": "bert", "text": f"the {MASK} sat", "top_k": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["masks"] == [[{"token": t, "probability": p} for t, p in mask]
+                                 for mask in fill_mask(*loaded["bert"], f"the {MASK} sat", 3)]
+    texts = ["the cat sat", "", "my dog"]
+    r = client.post("/classify", json={"model": "classifier", "texts": texts})
+    assert r.status_code == 200, r.text
+    expected = classify_probabilities(*loaded["classifier"], texts).tolist()
+    assert [[p["probabilities"]["neg"], p["probabilities"]["pos"]] for p in r.json()["predictions"]] == expected
+    assert [(p["label"], p["probability"]) for p in r.json()["predictions"]] == \
+        classify_lines(*loaded["classifier"], texts)
+
+
+def test_info_tells_each_model_s_task_and_endpoints(client):
+    models = {m["name"]: m for m in client.get("/info").json()["models"]}
+    assert [(m["arch"], m["task"], m["endpoints"]) for m in models.values()] == [
+        ("decoder", "lm", ["/generate"]), ("encoder", "mlm", ["/fill-mask"]),
+        ("encoder", "classify", ["/classify", "/fill-mask"])]
+    assert models["classifier"]["labels"] == ["neg", "pos"] and models["gpt-sp"]["decoding"]["max_new_tokens"] == 40
+    assert 'atencion_queue_depth{model="gpt-sp"} 0.0' in client.get("/metrics").text
+
+
+def test_a_worker_runs_one_request_at_a_time_refuses_past_its_queue_and_times_out():
+    async def scenario():
+        worker, gate = Worker(max_queue=1), threading.Event()
+        first = asyncio.create_task(worker.run(lambda: gate.wait(10) and "done", 10))
+        await asyncio.sleep(0.05)
+        assert len(worker) == 1
+        with pytest.raises(QueueFull):
+            await worker.run(lambda: "second", 10)
+        gate.set()
+        assert await first == "done" and len(worker) == 0
+        with pytest.raises(asyncio.TimeoutError):
+            await worker.run(lambda: time.sleep(0.5), 0.05)
+        worker.stop()
+
+    asyncio.run(scenario())
+
+
+BAD_REQUESTS = [
+    ("generate", {"model": "bert", "prompt": "the"}, 400, "/generate needs a decoder-only model"),
+    ("fill-mask", {"model": "gpt-sp", "text": "the <mask>"}, 400, "/fill-mask needs an encoder"),
+    ("classify", {"model": "bert", "texts": ["the"]}, 400, "/classify needs a model with a classification head"),
+    ("generate", {"model": "gpt-sp", "max_new_tokens": 41}, 422, "max_new_tokens: 41 is more than the limit of 40"),
+    ("generate", {"model": "gpt-sp", "num_samples": 5}, 422, "num_samples: 5 is more than the limit of 4"),
+    ("generate", {"model": "gpt-sp", "top_p": 0}, 422, "top_p"),
+    ("generate", {"model": "gpt-sp", "temperature": -1}, 422, "temperature"),
+    ("generate", {"model": "gpt-sp", "prompt": "the cat " * 30}, 422, "prompt: "),
+    ("generate", {"model": "gpt-sp", "prompt": "the cat " * 14, "max_new_tokens": 40}, 422, "max_positions=64"),
+    ("generate", {"model": "gpt-sp", "seed": "1"}, 422, "seed"),
+    ("fill-mask", {"model": "bert", "text": "no mask"}, 422, "text: no <mask> in the text"),
+    ("fill-mask", {"model": "bert"}, 422, "text: required field missing"),
+    ("classify", {"model": "classifier", "texts": []}, 422, "texts"),
+    ("classify", {"model": "classifier", "texts": ["the cat " * 30]}, 422, "texts.0: "),
+    ("classify", {"model": "classifier", "texts": ["a"] * 65}, 422, "more than the limit of 64"),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, status, message", BAD_REQUESTS,
+                         ids=[f"{e} {json.dumps(b)[:40]}" for e, b, _, _ in BAD_REQUESTS])
+def test_a_bad_request_is_a_4xx_naming_the_field(client, endpoint, body, status, message):
+    r = client.post(f"/{endpoint}", json=body)
+    assert r.status_code == status and message in r.json()["error"], r.text
