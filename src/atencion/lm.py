@@ -122,15 +122,13 @@ def render(tokenizer: Tokenizer, ids: list[int]) -> str:
 
 
 def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
-    """The prompt's ids, refused in one line naming ``what`` when the prompt and the new tokens do
-    not fit in a learned position table."""
+    """The prompt's ids, refused in one line naming ``what`` when the prompt alone does not fit in
+    a learned position table (past it, generation reads the last ``max_positions`` tokens)."""
     ids = prompt_ids(tokenizer, prompt)
     limit = position_limit(model)
-    reach = len(ids) + max_new_tokens - 1  # the last new token is never read
-    if limit is not None and reach > limit:
-        raise AtencionError(f"{what}: {len(ids)} tokens + {max_new_tokens} new tokens reach position {reach}, but "
-                            f"this model's learned positions stop at max_positions={limit}; shorten the prompt "
-                            f"or ask for fewer new tokens")
+    if limit is not None and len(ids) > limit:
+        raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "
+                            f"max_positions={limit}; shorten the prompt")
     return ids
 
 
