@@ -1,9 +1,11 @@
 """Speed, side by side on one machine, same weights and inputs: atencion vs Hugging Face
-MarianMTModel (training and `generate`) vs CTranslate2 (float32, int8).
+MarianMTModel (training and `generate`) vs CTranslate2 (float32, int8); and, for the language
+models (the `lm` part), atencion vs GPT2LMHeadModel and BertForMaskedLM.
 
-    python benchmarks/speed.py            # a table
-    python benchmarks/speed.py --json     # one JSON object
-    python benchmarks/speed.py --quick    # fewer steps and sentences (under 3 minutes)
+    python benchmarks/speed.py                 # a table
+    python benchmarks/speed.py --json          # one JSON object
+    python benchmarks/speed.py --quick         # fewer steps and sentences (under 4 minutes)
+    python benchmarks/speed.py --parts lm      # one part: train, decode, lm (default: all three)
 
 Two sizes: Transformer-Tiny (4+4 layers, d_model 128, d_ff 256, 4 heads) and `base`
 (6+6, 512, 2048, 8), both with a 10,000-token shared vocabulary and random weights (the same
@@ -24,6 +26,22 @@ gives the BLEU cost on a trained model.
 MFU = achieved training FLOP/s (model FLOPs of the real tokens: 3 × forward matmul FLOPs) over
 this machine's fp32 matrix-product peak, measured here with large square matmuls.
 
+The lm part builds each atencion model from its preset with random weights and gives Hugging
+Face the same weights (`atencion.interop.to_hf`); each library trains as its users would:
+atencion with `sequence_loss`, Hugging Face with `model(..., labels=...)`.
+- GPT training: next-character prediction over random text of a 65-character vocabulary (the
+  size of tiny Shakespeare's), rows of 256 characters: 16 rows at `gpt-tiny` (4 layers, d_model
+  128, 4 heads), 8 at the shape of nanoGPT's Shakespeare model (6 layers, d_model 384, 6 heads).
+- BERT MLM training: `bert-tiny` (2 layers, d_model 128, 2 heads) with an 8,000-token vocabulary,
+  32 sentences of 8-128 tokens padded to the longest, 15% of the real tokens masked (the loss
+  on those only). Tokens/s count the real tokens.
+- Generation: `gpt-tiny` continues a 16-character prompt by 200 characters, batch 1 and 16,
+  greedy and sampled (temperature 0.8, top-p 0.95; Hugging Face's default top-k 50 switched
+  off), atencion's `generate_ids` against `generate(use_cache=True)`, no stop token. The
+  engines alternate, each round in the other order; the ratio is the median of the rounds'
+  ratios, with their range. `greedy_same` is the share of rows whose greedy tokens are
+  identical in both (a mismatch is printed under the table).
+
 On a GPU (--device cuda) the same comparison runs there, CTranslate2 left out; --bf16 trains
 under bf16 autocast (both engines) and measures the peak with bf16 matmuls.
 """
@@ -35,8 +53,10 @@ import gzip
 import importlib.util
 import json
 import random
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,10 +126,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_tokens_per_second(engines: dict, batches, warmup: int, device: torch.device, bf16: bool) -> dict:
+def train_tokens_per_second(engines: dict, batches, warmup: int, device: torch.device, bf16: bool,
+                            times: dict | None = None) -> dict:
     """Target tokens per second of forward + label-smoothed loss + backward + Adam step, per
     engine (name: (loss_fn, params)). The engines take turns, one batch each, so that a slow
-    moment of a shared machine falls on all of them alike."""
+    moment of a shared machine falls on all of them alike. ``times``, if given, receives each
+    engine's list of seconds per timed batch."""
     optimizers = {name: torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (_, params) in engines.items()}
     tokens, seconds = 0, dict.fromkeys(engines, 0.0)
@@ -124,7 +146,10 @@ def train_tokens_per_second(engines: dict, batches, warmup: int, device: torch.d
             optimizers[name].zero_grad(set_to_none=True)
             synchronize(device)
             if i >= warmup:
-                seconds[name] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                seconds[name] += elapsed
+                if times is not None:
+                    times.setdefault(name, []).append(elapsed)
         if i >= warmup:
             tokens += batch.n_tokens
     return {name: tokens / seconds[name] for name in engines}
@@ -248,6 +273,173 @@ def agreement(a, b) -> float:
     return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
+# language models (the lm part) ------------------------------------------------------------------
+
+CHARS, BERT_VOCAB, MASK = 65, 8000, 4  # a character vocabulary (tiny Shakespeare's 65), BERT's [MASK] id
+GPT_SHAPES = {  # name: (gpt-tiny overrides, rows, block)
+    "gpt_tiny": ({}, 16, 256),
+    "gpt_384": (dict(n_layers=6, d_model=384, d_ff=1536, n_heads=6), 8, 256),  # nanoGPT's Shakespeare model
+}
+PROMPT, NEW_TOKENS = 16, 200
+
+
+@dataclass
+class LMBatch:
+    """One training batch of a single-stack model: atencion's ``targets`` (pad where no loss),
+    Hugging Face's ``labels``, and the token counts."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    labels: torch.Tensor
+    n_tokens: int   # real input tokens: the throughput counts these
+    n_targets: int  # tokens with a loss
+
+    def to(self, device) -> "LMBatch":
+        return LMBatch(self.input_ids.to(device), self.targets.to(device), self.labels.to(device),
+                       self.n_tokens, self.n_targets)
+
+
+def lm_models(preset: str, vocab: int, **overrides):
+    """An atencion model of ``preset`` with random weights and the Hugging Face model equal to it."""
+    from atencion import ModelConfig, Transformer
+    from atencion.interop import to_hf
+
+    torch.manual_seed(0)
+    ours = Transformer(ModelConfig.preset(preset, vocab_size=vocab, **overrides))
+    return ours, to_hf(ours)
+
+
+def shape_name(cfg) -> str:
+    return f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, vocab {cfg.vocab_size}"
+
+
+def gpt_batches(rows: int, block: int, n: int, seed: int = 0) -> list[LMBatch]:
+    """Random text: ``rows`` windows of ``block`` + 1 characters; inputs are the first ``block``,
+    targets the next character of each. GPT-2 shifts its labels itself (and so has no target
+    for the last position)."""
+    text = torch.randint(4, CHARS, (n, rows, block + 1), generator=torch.Generator().manual_seed(seed))
+    return [LMBatch(t[:, :-1].contiguous(), t[:, 1:].contiguous(), t[:, :-1].contiguous(), rows * block, rows * block)
+            for t in text]
+
+
+def mlm_batches(rows: int, n: int, seed: int = 0) -> list[LMBatch]:
+    """Sentences of 8-128 tokens (mean about 40), padded to the longest of their batch; 15% of
+    the real tokens replaced by [MASK], the loss on those only (-100 elsewhere for BERT)."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        lengths = [min(128, max(8, int(rng.gauss(40, 20)))) for _ in range(rows)]
+        real = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+        ids = torch.randint(5, BERT_VOCAB, real.shape, generator=g).masked_fill(~real, PAD)
+        masked = real & (torch.rand(real.shape, generator=g) < 0.15)
+        batches.append(LMBatch(ids.masked_fill(masked, MASK), ids.masked_fill(~masked, PAD),
+                               ids.masked_fill(~masked, -100), int(real.sum()), int(masked.sum())))
+    return batches
+
+
+def lm_training(ours, hf, hf_loss, batches, warmup: int, device: torch.device, bf16: bool) -> dict:
+    """Training tokens/s of both engines on the same batches; the ratio of the totals, and the
+    range of the per-batch ratios."""
+    from atencion.train.loss import sequence_loss
+
+    ours, hf = ours.to(device).train(), hf.to(device).train()
+    batches = [b.to(device) for b in batches]
+    times: dict = {}
+    speeds = train_tokens_per_second({
+        "ours": (lambda b: sequence_loss(ours, ours, b.input_ids, b.targets)[0], ours.parameters()),
+        "hf": (lambda b: hf_loss(hf, b) * b.n_targets, hf.parameters()),  # its mean loss, as a sum like ours
+    }, batches, warmup, device, bf16, times)
+    per_batch = [h / o for o, h in zip(times["ours"], times["hf"])]
+    return dict(ours_tok_s=speeds["ours"], hf_tok_s=speeds["hf"], ratio=speeds["ours"] / speeds["hf"],
+                ratio_min=min(per_batch), ratio_max=max(per_batch))
+
+
+def gpt_loss(hf, b: LMBatch):
+    return hf(input_ids=b.input_ids, labels=b.labels).loss
+
+
+def bert_loss(hf, b: LMBatch):
+    return hf(input_ids=b.input_ids, attention_mask=b.input_ids != PAD, labels=b.labels).loss
+
+
+def timed_rounds(engines: dict, rounds: int, device: torch.device) -> tuple[dict, dict]:
+    """Each engine's last output and its seconds per round; engines take turns, in the other
+    order every round. ``engines``: name → run(round, new_tokens)."""
+    for run in engines.values():
+        run(0, 4)  # warm-up
+    outputs, seconds = {}, {name: [] for name in engines}
+    for r in range(rounds):
+        for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+            synchronize(device)
+            start = time.perf_counter()
+            outputs[name] = engines[name](r, NEW_TOKENS)
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return outputs, seconds
+
+
+def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device) -> dict:
+    """Generation tokens/s of ``generate_ids`` and Hugging Face's ``generate`` (KV cache, no stop
+    token) from one prompt repeated over ``rows``; with ``greedy``, how many rows agree."""
+    from atencion.decode.sample import generate_ids
+
+    ours, hf = ours.to(device).eval(), hf.to(device).eval()
+    prompt = torch.randint(4, CHARS, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    prompt = prompt.expand(rows, -1).contiguous().to(device)
+    sampling = dict(temperature=0.0) if greedy else dict(temperature=0.8, top_p=0.95)
+    hf_sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=0.8, top_k=0, top_p=0.95)
+
+    def run_ours(seed, new):
+        return generate_ids(ours, prompt, new, generator=torch.Generator(device).manual_seed(seed), **sampling)
+
+    def run_hf(seed, new):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, use_cache=True,
+                              eos_token_id=None, pad_token_id=PAD, **hf_sampling)
+        return out[:, PROMPT:]
+
+    outputs, seconds = timed_rounds({"ours": run_ours, "hf": run_hf}, rounds, device)
+    ratios = [h / o for o, h in zip(seconds["ours"], seconds["hf"])]
+    tokens = rows * NEW_TOKENS
+    result = dict(ours_tok_s=tokens / statistics.median(seconds["ours"]),
+                  hf_tok_s=tokens / statistics.median(seconds["hf"]),
+                  ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+    if greedy:
+        a, b = outputs["ours"].cpu(), outputs["hf"].cpu()
+        result["greedy_same"] = float((a == b).all(dim=1).float().mean())
+        differ = (a != b).any(dim=0).nonzero()
+        result["first_difference_at"] = int(differ[0]) if len(differ) else None
+    return result
+
+
+def lm_part(args, device: torch.device) -> dict:
+    """GPT and BERT training, and generation, each a row: atencion and Hugging Face tokens/s and
+    their ratio (with its range), and the shape it was measured at."""
+    result = {}
+    steps, warmup = (4, 1) if args.quick else (12, 2)
+    big_steps = 2 if args.quick else 6
+    if device.type == "cuda":
+        steps, big_steps = steps * 5, big_steps * 10
+    for name, (overrides, rows, block) in GPT_SHAPES.items():
+        ours, hf = lm_models("gpt-tiny", CHARS, **overrides)
+        n = steps if name == "gpt_tiny" else big_steps
+        row = lm_training(ours, hf, gpt_loss, gpt_batches(rows, block, n + warmup), warmup, device, args.bf16)
+        result[f"{name}_train"] = dict(row, shape=f"{shape_name(ours.cfg)}; {rows} rows x {block} characters")
+    ours, hf = lm_models("bert-tiny", BERT_VOCAB)
+    row = lm_training(ours, hf, bert_loss, mlm_batches(32, 2 * steps + warmup), warmup, device, args.bf16)
+    result["bert_tiny_mlm"] = dict(row, shape=f"{shape_name(ours.cfg)}; 32 sentences of 8-128 tokens, 15% masked")
+    ours, hf = lm_models("gpt-tiny", CHARS)
+    rounds = args.rounds + 1
+    for rows in (1, 16):
+        for greedy in (True, False):
+            row = lm_generation(ours, hf, rows, greedy, rounds, device)
+            how = "greedy" if greedy else "sampled (T 0.8, top-p 0.95)"
+            result[f"generate_b{rows}_{'greedy' if greedy else 'sample'}"] = dict(
+                row, shape=f"{shape_name(ours.cfg)}; {PROMPT} + {NEW_TOKENS} tokens, batch {rows}, {how}")
+    return result
+
+
 # main --------------------------------------------------------------------------------------------
 
 def run_size(size: str, args) -> dict:
@@ -340,11 +532,12 @@ def decoding_part(size: str, args, device: torch.device) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 4 minutes)")
     parser.add_argument("--sizes", default="tiny,base", help="comma-separated: tiny, base (default: both)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
-    parser.add_argument("--parts", default="train,decode",
-                        help="comma-separated: train, decode (default: both)")
+    parser.add_argument("--parts", default="train,decode,lm",
+                        help="comma-separated: train, decode (translation, at --sizes), lm (GPT and BERT) "
+                             "(default: all three)")
     parser.add_argument("--sentences", type=int, default=500, help="decoded sentences at tiny size (default: 500)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="sentences per decoding batch, the same batches for every engine (default: 64)")
@@ -360,7 +553,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.parts = args.parts.split(",")
-    for name, given, known in (("--parts", args.parts, ("train", "decode")), ("--sizes", args.sizes.split(","), SIZES)):
+    for name, given, known in (("--parts", args.parts, ("train", "decode", "lm")),
+                               ("--sizes", args.sizes.split(","), SIZES)):
         if not given or not set(given) <= set(known):
             parser.error(f"{name} takes a comma-separated list of {', '.join(known)}; got {','.join(given)!r}")
     keep_freed_memory()  # as the atencion commands do; process-wide, so every engine here gets it
@@ -373,8 +567,14 @@ def main(argv=None) -> dict:
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "bf16": args.bf16, "threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9,
               "torch": torch.__version__}
-    for size in args.sizes.split(","):
-        report[size] = run_size(size, args)
+    if {"train", "decode"} & set(args.parts):
+        for size in args.sizes.split(","):
+            report[size] = run_size(size, args)
+    if "lm" in args.parts:
+        import transformers
+
+        transformers.logging.set_verbosity_error()  # generate's advice on attention masks, not a result
+        report["lm"] = lm_part(args, device)
     if args.json:
         print(json.dumps(report))
     else:
@@ -386,15 +586,33 @@ def print_table(report: dict) -> None:
     precision = "bf16" if report["bf16"] else "fp32"
     print(f"{report['device']}, threads {report['threads']}, {precision} matmul peak "
           f"{report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
-    keys = [k for k in report["tiny" if "tiny" in report else "base"]]
     sizes = [s for s in SIZES if s in report]
-    print(f"{'':<24}" + "".join(f"{s:>14}" for s in sizes))
-    for key in keys:
-        cells = []
-        for s in sizes:
-            value = report[s].get(key)
-            cells.append(f"{'-' if value is None else (f'{value:.3f}' if abs(value) < 10 else f'{value:.0f}'):>14}")
-        print(f"{key:<24}" + "".join(cells))
+    if sizes:
+        keys = [k for k in report[sizes[0]]]
+        print(f"{'':<24}" + "".join(f"{s:>14}" for s in sizes))
+        for key in keys:
+            cells = []
+            for s in sizes:
+                value = report[s].get(key)
+                cells.append(f"{'-' if value is None else (f'{value:.3f}' if abs(value) < 10 else f'{value:.0f}'):>14}")
+            print(f"{key:<24}" + "".join(cells))
+    if "lm" in report:
+        print_lm_table(report["lm"])
+
+
+def print_lm_table(rows: dict) -> None:
+    """The lm part: a row per measurement, then the shape of each and any greedy mismatch."""
+    print(f"\n{'lm (tokens/s)':<24}{'atencion':>12}{'HF':>12}{'ratio':>8}{'range':>14}{'greedy same':>13}")
+    for name, row in rows.items():
+        same = row.get("greedy_same")
+        print(f"{name:<24}{row['ours_tok_s']:>12.0f}{row['hf_tok_s']:>12.0f}{row['ratio']:>8.2f}"
+              f"{row['ratio_min']:>8.2f}-{row['ratio_max']:<5.2f}{'' if same is None else f'{same:.3f}':>13}")
+    for name, row in rows.items():
+        print(f"  {name}: {row['shape']}")
+    for name, row in rows.items():
+        if row.get("greedy_same", 1.0) < 1.0:
+            print(f"  MISMATCH {name}: greedy tokens differ from Hugging Face's in {1 - row['greedy_same']:.0%} "
+                  f"of the rows, first at new token {row['first_difference_at']}")
 
 
 if __name__ == "__main__":

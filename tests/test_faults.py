@@ -405,8 +405,8 @@ def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path, corpus):
     ("train.adam_betas=[0.9, 1.5]", r"train.adam_betas\[1\] must be in \[0, 1.0\)"),
     ("decode.alpha=-1", "decode.alpha must be >= 0.0"), ("train.device=gpu", "train.device must be"),
     ("model.norm_first=maybe", "model.norm_first must be true or false"),
-    ("model.arch=decoder", "model.arch 'decoder': `atencion train` trains translators"),
-    ("model.preset=bert-tiny", "model.arch 'encoder': `atencion train` trains translators"),
+    ("model.arch=decoder", "model.arch 'decoder' cannot be trained by task 'translate'"),
+    ("model.preset=bert-tiny", "model.arch 'encoder' cannot be trained by task 'translate'"),
     ("model.positional=relative", "model.positional must be one of"),
 ])
 def test_impossible_numbers_are_refused_naming_the_key(tmp_path, corpus, capsys, override, message):
