@@ -154,13 +154,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config file")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
-                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
+                   help="override a config key, e.g. --set train.max_steps=100 or --set task=lm (repeatable)")
     p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """Train a translator from a YAML config (see configs/reference.yaml)."""
+    """Train a model from a YAML config (see configs/reference.yaml): its task: is translate (an
+    encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking) or
+    classify (a label per sentence, label<TAB>text)."""
     from .train.config import load_config
     from .train.trainer import train
 
@@ -688,7 +690,7 @@ def cmd_average(args: argparse.Namespace) -> None:
 COMMANDS = [
     ("presets", "run a tiny model on an example batch; list preset sizes", add_presets_arguments, cmd_presets),
     ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
-    ("train", "train a translator", add_train_arguments, cmd_train),
+    ("train", "train a model: a translator, a GPT, a BERT or a classifier", add_train_arguments, cmd_train),
     ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
     ("generate", "continue a prompt with a language model (GPT), streamed", add_generate_arguments, cmd_generate),
     ("fill-mask", "predict the tokens at <mask> with a masked language model (BERT)", add_fill_mask_arguments,
