@@ -252,6 +252,8 @@ def test_pretraining_then_classifying_starts_from_the_pretrained_weights(tmp_pat
     w0 = base.state_dict()["encoder.layers.0.ffn.linear1.weight"]
     w1 = tuned.state_dict()["encoder.layers.0.ffn.linear1.weight"]
     torch.testing.assert_close(w0, w1, atol=1e-6, rtol=0)  # lr 1e-9: the encoder is the pretrained one
+    cfg.train.max_steps = 2  # a fine-tuning run resumes with the shape it started from
+    assert train(cfg, tmp_path / "cls", resume=True)["steps"] == 2
 
 
 def test_init_from_refuses_a_changed_shape(tmp_path, text_file, tsv_files):

@@ -125,8 +125,8 @@ class Trainer:
         self.task.encode(self.tokenizer)
 
         tok = self.tokenizer
-        if start is not None:
-            model_cfg = _init_from_config(start.cfg, cfg, self.task.model_values())
+        if start is not None or (resume and t.init_from is not None):  # a fine-tuning run: its model's shape
+            model_cfg = _init_from_config((start or saved).cfg, cfg, self.task.model_values())
         else:
             model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
                                          **self.task.model_values())
