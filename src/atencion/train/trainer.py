@@ -133,7 +133,7 @@ class Trainer:
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = Transformer(model_cfg).to(self.device)
-        if start is not None and not resume:
+        if start is not None:
             _load_start(self.model, start, t.init_from)
         del start
         self.ddp = (torch.nn.parallel.DistributedDataParallel(
