@@ -42,24 +42,19 @@ def train_kind(kind: str, args) -> Path:
 
 
 def evaluate_kind(model_dir: Path, args) -> dict:
-    import torch
-
     from atencion.data.text import read_text, split_tail
     from atencion.decode.model_dir import load_model_dir
-    from atencion.train.tasks import lm_scores, text_stream
+    from atencion.lm import evaluate_lm
 
     model, tokenizer = load_model_dir(model_dir)
     _, valid = split_tail(read_text(args.text, "--text"), 0.1)
-    stream = torch.tensor(text_stream(valid, tokenizer), dtype=torch.long)
     result = {}
     for factor in args.factors:
         length = args.block * factor
         if model.cfg.positional == "learned" and length > model.cfg.max_positions:
             result[str(factor)] = None  # the table stops at max_positions: there is no number to give
             continue
-        with torch.inference_mode():
-            scores = lm_scores(model, stream, length, max(1, 4096 // length), "cpu")
-        result[str(factor)] = round(scores["loss"], 4)
+        result[str(factor)] = round(evaluate_lm(model, tokenizer, valid, block_size=length)["loss"], 4)
     return result
 
 

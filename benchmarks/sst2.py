@@ -72,12 +72,11 @@ def summary(run_dir: Path) -> dict:
 def dev_accuracy(model_dir: Path, dev: Path) -> dict:
     from atencion.data.text import read_labelled
     from atencion.decode.model_dir import load_model_dir
-    from atencion.train.tasks import classify_scores
+    from atencion.lm import evaluate_classifier
 
     model, tokenizer = load_model_dir(model_dir)
     rows, _, _ = read_labelled(str(dev), model.cfg.labels)
-    examples = [[2, *tokenizer.encode(text), 3] for _, text in rows]
-    scores = classify_scores(model, examples, [label for label, _ in rows], 4096, "cpu")
+    scores = evaluate_classifier(model, tokenizer, rows)
     return {"accuracy": round(scores["accuracy"], 4), "confusion": scores["confusion"], "sentences": len(rows)}
 
 

@@ -51,6 +51,7 @@ class TaskBatch:
 
 class Task:
     name = ""
+    symbols: tuple[str, ...] = ()  # tokens a new vocabulary must hold (mlm: <mask>)
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -61,9 +62,8 @@ class Task:
 
     def train_tokenizer(self) -> Tokenizer:
         d = self.cfg.data
-        symbols = (MASK,) if self.name == "mlm" else ()
         return Tokenizer.train_text(self.tokenizer_texts(), d.tokenizer, d.vocab_size, d.model_type,
-                                    d.character_coverage, symbols)
+                                    d.character_coverage, self.symbols)
 
     def encode(self, tokenizer: Tokenizer) -> None:
         """Turn the text into token ids (after the tokenizer is trained or loaded)."""
@@ -359,6 +359,7 @@ class Masker:
 
 class MLMTask(Task):
     name = "mlm"
+    symbols = (MASK,)
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
