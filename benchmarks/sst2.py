@@ -13,7 +13,11 @@ Steps (a finished step is reused when the command is run again):
 2. OUT/mlm: configs/sst2_mlm.yaml.
 3. OUT/finetuned: configs/sst2_classify.yaml with train.init_from = OUT/mlm/best.
 4. OUT/scratch: configs/sst2_classify.yaml as it is.
-Prints one JSON object (also written to OUT/sst2.json).
+5. OUT/lora: configs/sst2_lora.yaml with train.init_from = OUT/mlm/best: LoRA adapters and a new
+   head trained, the pretrained encoder frozen (the LoRA paper's claim, against step 3).
+Prints one JSON object (also written to OUT/sst2.json): dev accuracy of each classifier, and for
+the fine-tuned ones their trainable parameters, the size of Adam's state and of a model
+directory and of a checkpoint on disk.
 """
 
 from __future__ import annotations
@@ -69,6 +73,22 @@ def summary(run_dir: Path) -> dict:
     return [r["summary"] for r in records if "summary" in r][-1]
 
 
+def sizes(run_dir: Path) -> dict:
+    """Trainable parameters (what Adam keeps moments for), Adam's state and the files on disk."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(summary(run_dir)["last_checkpoint"])
+    moments = load_file(str(checkpoint / "optimizer.safetensors"))
+    trainable = sum(t.numel() for name, t in moments.items() if name.endswith(".exp_avg"))
+
+    def size(path: Path) -> int:
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    return {"trainable_parameters": trainable,
+            "optimizer_state_bytes": (checkpoint / "optimizer.safetensors").stat().st_size,
+            "model_dir_bytes": size(run_dir / "best"), "checkpoint_bytes": size(checkpoint)}
+
+
 def dev_accuracy(model_dir: Path, dev: Path) -> dict:
     from atencion.data.text import read_labelled
     from atencion.decode.model_dir import load_model_dir
@@ -102,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="runs/sst2")
     parser.add_argument("--mlm-config", default=str(ROOT / "configs" / "sst2_mlm.yaml"))
     parser.add_argument("--classify-config", default=str(ROOT / "configs" / "sst2_classify.yaml"))
+    parser.add_argument("--lora-config", default=str(ROOT / "configs" / "sst2_lora.yaml"))
     parser.add_argument("--mlm-steps", type=int, default=0, help="pretraining updates (0: the config's)")
     parser.add_argument("--held-out", type=int, default=2000, help="SST-2 training rows held out to choose "
                         "checkpoints (default: 2000)")
@@ -109,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--set-mlm", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--set-classify", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--set-lora", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
     out = Path(args.out)
     data = prepare(out, args.held_out, args.seed)
@@ -120,14 +142,22 @@ def main(argv: list[str] | None = None) -> dict:
     finetuned = run(args.classify_config, out / "finetuned", [*cls_sets, f"train.init_from={mlm / 'best'}"],
                     args.threads)
     scratch = run(args.classify_config, out / "scratch", cls_sets, args.threads)
+    lora = run(args.lora_config, out / "lora", [*cls_sets, f"train.init_from={mlm / 'best'}", *args.set_lora],
+               args.threads)
     report = {"pretraining": {**masked_accuracy(mlm, args.mlm_config, data),
                               "minutes": round(summary(mlm)["seconds"] / 60, 1), "steps": summary(mlm)["steps"]}}
-    for name, run_dir in (("finetuned", finetuned), ("scratch", scratch)):
+    for name, run_dir in (("finetuned", finetuned), ("scratch", scratch), ("lora", lora)):
         s = summary(run_dir)
         report[name] = {"dev": dev_accuracy(Path(s["best_model"]), data / "dev.tsv"), "best_step": s["best_step"],
                         "steps": s["steps"], "minutes": round(s["seconds"] / 60, 1)}
+        if name != "scratch":
+            report[name].update(sizes(run_dir))
     report["pretraining_gain_points"] = round(
         100 * (report["finetuned"]["dev"]["accuracy"] - report["scratch"]["dev"]["accuracy"]), 2)
+    report["lora_minus_full_points"] = round(
+        100 * (report["lora"]["dev"]["accuracy"] - report["finetuned"]["dev"]["accuracy"]), 2)
+    report["lora_trainable_share"] = round(
+        report["lora"]["trainable_parameters"] / report["finetuned"]["trainable_parameters"], 4)
     (out / "sst2.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report))
     return report

@@ -686,6 +686,27 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
 
 
+def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a LoRA model directory (adapters over a base model)")
+    p.add_argument("--out", required=True, help="output model directory, new or empty")
+
+
+def cmd_merge_lora(args: argparse.Namespace) -> None:
+    """Fold a LoRA model's adapters into its base weights (W + α/r · B A): a plain model directory
+    that needs no base, decodes as fast as any model, and exports."""
+    from .decode.model_dir import load_model_dir
+    from .nn.lora import LORA_FILE
+    from .train.checkpoint import save_checkpoint
+
+    model_dir = need_dir(args.model, "--model")
+    if not (model_dir / LORA_FILE).is_file():
+        raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
+    out = need_output_dir(args.out, "--out")
+    model, tokenizer = load_model_dir(model_dir)  # adapters folded in
+    save_checkpoint(out, model, tokenizer)
+    print(json.dumps({"merged": str(model_dir), "out": str(out), "parameters": model.num_parameters()}))
+
+
 # (name, help, its arguments, the function that runs it), in the order of `atencion --help`
 COMMANDS = [
     ("presets", "run a tiny model on an example batch; list preset sizes", add_presets_arguments, cmd_presets),
@@ -706,6 +727,7 @@ COMMANDS = [
     ("export", "export a model to ctranslate2, hf (Marian) or onnx", add_export_arguments, cmd_export),
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
+    ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ class ModelConfig:
     pooling: str = "first"                 # its input: the output of the "first" token (BERT), of the "last"
                                            # real token (GPT), or the "mean" over the real tokens
     labels: list[str] | None = None        # the classification head's label names, in logit order
+    moe: dict[str, Any] | None = None      # mixture of experts in place of the FFN: {experts, top_k,
+                                           # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -116,6 +119,8 @@ class ModelConfig:
                 f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
                 f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
             )
+        if self.moe is not None:
+            self.moe = _moe_settings(self.moe, self._stack_depths())
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -137,6 +142,10 @@ class ModelConfig:
     @property
     def d_k(self) -> int:
         return self.d_model // self.n_heads
+
+    def _stack_depths(self) -> list[int]:
+        """The number of layers of each stack the arch has."""
+        return [self.n_layers, self.decoder_layers] if self.arch == "encoder-decoder" else [self.n_layers]
 
     # presets ---------------------------------------------------------------------------------
 
@@ -166,10 +175,14 @@ class ModelConfig:
         if "vocab_size" not in values:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
-        for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base"):  # YAML 1.1: 1e-5 is a string
-            if isinstance(values.get(key), str):
+        floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
+        if isinstance(values.get("moe"), dict):
+            values["moe"] = dict(values["moe"])
+            floats += [(values["moe"], key) for key in ("aux_loss_weight", "capacity_factor")]
+        for mapping, key in floats:  # YAML 1.1: 1e-5 is a string
+            if isinstance(mapping.get(key), str):
                 try:
-                    values[key] = float(values[key])
+                    mapping[key] = float(mapping[key])
                 except ValueError:
                     pass  # __post_init__ names the key
         try:
@@ -214,6 +227,42 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
              "t5-small": (32128, "60M")}  # vocabulary and the parameter count their papers give
+
+
+MOE_DEFAULTS: dict[str, Any] = {"top_k": 2, "aux_loss_weight": 0.01, "capacity_factor": 0.0, "layers": "all"}
+
+
+def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
+    """``moe`` checked and completed with the defaults (so config.json names every setting):
+    ``experts`` (E, required), ``top_k`` (experts per token), ``aux_loss_weight`` (of the
+    load-balancing loss), ``capacity_factor`` (0: no limit), ``layers`` ("all", or
+    "every_other": layers 1, 3, ... of each stack, as GShard)."""
+    known = ["experts", *MOE_DEFAULTS]
+    if not isinstance(moe, dict):
+        raise AtencionError(f"moe must be a mapping with the keys {known} (or null), got {moe!r}")
+    unknown = sorted(str(key) for key in set(moe) - set(known))
+    if unknown:
+        raise AtencionError(f"moe.{unknown[0]} is not a setting of moe; its keys are {known}")
+    if "experts" not in moe:
+        raise AtencionError(f"moe.experts is missing: the number of expert feed-forward networks (keys: {known})")
+    settings = {"experts": moe["experts"], **MOE_DEFAULTS, **moe}
+    for key in ("experts", "top_k"):
+        value = settings[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AtencionError(f"moe.{key} must be an integer >= 1, got {value!r}")
+    if settings["top_k"] > settings["experts"]:
+        raise AtencionError(f"moe.top_k ({settings['top_k']}) must be at most moe.experts ({settings['experts']}): "
+                            f"each token goes to top_k different experts")
+    for key in ("aux_loss_weight", "capacity_factor"):
+        value = settings[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+            raise AtencionError(f"moe.{key} must be a number >= 0, got {value!r}")
+        settings[key] = float(value)
+    _require_choice("moe.layers", settings["layers"], ("all", "every_other"))
+    if settings["layers"] == "every_other" and max(depths) < 2:
+        raise AtencionError("moe.layers every_other puts experts in layers 1, 3, ... (counting from 0), but no "
+                            "stack has a second layer; use moe.layers: all")
+    return settings
 
 
 def _require_positive_int(key: str, value: Any) -> None:

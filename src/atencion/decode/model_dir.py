@@ -10,15 +10,19 @@ from ..data.tokenizer import INFO_FILE, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError
 from ..fileio import json_line, need_dir
+from ..nn.lora import merge_lora
 from ..nn.transformer import CONFIG_FILE, Transformer
 
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
-                   what: str = "--model") -> tuple[Transformer, Tokenizer]:
+                   what: str = "--model", merge: bool = True) -> tuple[Transformer, Tokenizer]:
     """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
-    the option it came from in messages. The tokenizer's vocabularies must be the model's."""
+    the option it came from in messages. The tokenizer's vocabularies must be the model's. The
+    LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
     path = need_dir(path, what)
     model = Transformer.load(path, map_location=resolve_device(device)).eval()
+    if merge:
+        merge_lora(model)
     tokenizer = Tokenizer.load(path)
     check_vocabularies(path, model, tokenizer)
     if int8:

@@ -4,7 +4,8 @@ Each exporter takes an atencion ``Transformer`` (and its ``Tokenizer``, when the
 writes a directory that works on its own; each is tested to compute what atencion computes.
 
 Every format takes the paper's translator only for now: it refuses relative positions (rope,
-alibi, t5), the single-stack archs, RMSNorm, unscaled attention and T5's scaled output.
+alibi, t5), the single-stack archs, RMSNorm, unscaled attention, T5's scaled output and
+mixture-of-experts layers (``moe``).
 
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
   else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
@@ -58,6 +59,9 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     if cfg.positional not in ("sinusoidal", "learned"):
         raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
                             f"exported yet; only sinusoidal and learned positions can")
+    if cfg.moe is not None:
+        raise AtencionError(f"export to {fmt}: moe (mixture-of-experts feed-forward layers) cannot be exported; "
+                            f"the exporters take one dense feed-forward network per layer")
     unsupported = {"arch": ("encoder-decoder",), "norm": ("layernorm",), "activation": ("relu", "gelu"),
                    "scale_attention": (True,), "scale_output": (False,)}
     for key, allowed in unsupported.items():
@@ -74,13 +78,15 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
 
 
 def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str) -> list[str]:
-    """:func:`export` for a model directory (config.json, model.safetensors, tokenizer if present)."""
+    """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
+    base, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
     from ..decode.model_dir import check_vocabularies
+    from ..nn.lora import merge_lora
     from ..nn.transformer import Transformer
 
     _writer(fmt)  # an unknown format fails before anything is loaded
-    model = Transformer.load(model_dir)
+    model = merge_lora(Transformer.load(model_dir))  # a LoRA model is exported with its adapters folded in
     tokenizer = None
     if (Path(model_dir) / INFO_FILE).is_file():
         tokenizer = Tokenizer.load(model_dir)

@@ -93,6 +93,19 @@ def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: i
         )
 
 
+def project_rows(linear: nn.Module, x: Tensor, start: int, stop: int) -> Tensor:
+    """Output features ``start:stop`` of the linear layer ``linear`` at ``x``, computing only those:
+    cross-attention takes its queries from the first third of ``in_proj`` and its keys and
+    values from the rest. A layer with a ``rows`` method (LoRA, int8) computes them its own way;
+    any other wrapper computes all outputs and slices them."""
+    if type(linear) is nn.Linear:
+        bias = None if linear.bias is None else linear.bias[start:stop]
+        return F.linear(x, linear.weight[start:stop], bias)
+    if hasattr(linear, "rows"):
+        return linear.rows(x, start, stop)
+    return linear(x)[..., start:stop]
+
+
 @dataclass
 class RelativeTerms:
     """What relative positions add to one self-attention call: RoPE's angles of the new positions
@@ -160,16 +173,13 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
-            w_q, w_kv = self.in_proj.weight.split([self.d_model, 2 * self.d_model])
-            b_q, b_kv = (None, None) if self.in_proj.bias is None else \
-                self.in_proj.bias.split([self.d_model, 2 * self.d_model])
-            q = self._heads(F.linear(x, w_q, b_q), 1)[0]
+            q = self._heads(project_rows(self.in_proj, x, 0, self.d_model), 1)[0]
             if cache is not None and len(cache):
                 k, v = cache.k, cache.v
             else:
                 if memory is None:
                     raise AtencionError("cross-attention needs the encoder output `memory` or a filled cache")
-                k, v = self._heads(F.linear(memory, w_kv, b_kv), 2).unbind(0)
+                k, v = self._heads(project_rows(self.in_proj, memory, self.d_model, 3 * self.d_model), 2).unbind(0)
                 if cache is not None:
                     cache.append(k, v)
         dropout_p = self.attention_dropout if self.training else 0.0

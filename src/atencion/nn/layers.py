@@ -1,6 +1,6 @@
 """The layers of §3.1: position-wise feed-forward (§3.3), residual + normalization, and the one
 block every stack is built from (self-attention, cross-attention in a decoder that has an
-encoder, feed-forward)."""
+encoder, feed-forward: dense, or a mixture of experts, nn/moe.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
+from .moe import MoEFeedForward, has_experts
 
 ACTIVATIONS = {
     "relu": nn.functional.relu,                                               # the paper, §3.3
@@ -60,16 +61,21 @@ class Block(nn.Module):
     """§3.1: self-attention, then (in the decoder of an encoder-decoder) encoder-decoder
     attention, then the feed-forward network, each inside a residual block. The encoder's
     blocks (and BERT's) have no cross-attention; the decoder's self-attention is masked
-    (causal) by the mask the stack passes."""
+    (causal) by the mask the stack passes. With ``cfg.moe``, the feed-forward network of the
+    chosen layers (``index``: the block's place in its stack, from 0) is a mixture of experts."""
 
-    def __init__(self, cfg, cross: bool = False):
+    def __init__(self, cfg, cross: bool = False, index: int = 0):
         super().__init__()
         heads = dict(attention_dropout=cfg.attention_dropout, bias=cfg.bias, scale=cfg.scale_attention)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, **heads)
         self.res_self = Residual(cfg)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cross=True, **heads) if cross else None
         self.res_cross = Residual(cfg) if cross else None
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        if has_experts(cfg.moe, index):
+            experts = [FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias) for _ in range(cfg.moe["experts"])]
+            self.ffn = MoEFeedForward(cfg.d_model, experts, cfg.moe["top_k"], cfg.moe["capacity_factor"])
+        else:
+            self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.res_ffn = Residual(cfg)
 
     def forward(

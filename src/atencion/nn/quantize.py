@@ -26,8 +26,8 @@ from .transformer import Generator, Transformer
 
 class Int8Linear(nn.Module):
     """``F.linear(x, weight, bias)`` with an int8 weight and a dynamically quantized input.
-    ``weight`` and ``bias`` stay readable in float32 for code that slices them (the
-    cross-attention query projection does)."""
+    ``weight`` and ``bias`` stay readable in float32 for the cross-attention projections, which
+    take a slice of the rows (``rows``)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
         super().__init__()
@@ -45,6 +45,11 @@ class Int8Linear(nn.Module):
         # reduce_range: 7-bit inputs, so AVX2's 16-bit pairwise sums cannot saturate
         out = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float(), self._packed, True)
         return out.view(*shape[:-1], out.size(-1))
+
+    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Output features ``start:stop`` in float32 (the cross-attention projections slice them)."""
+        bias = None if self.bias is None else self.bias[start:stop]
+        return torch.nn.functional.linear(x, self.weight[start:stop], bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, int8"

@@ -4,6 +4,7 @@ family built from the same blocks: encoder-only (BERT, with its masked-LM head) 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,11 +13,12 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError, MissingFileError
-from ..fileio import atomic_write, atomic_write_bytes
+from ..fileio import atomic_write, atomic_write_bytes, atomic_write_text
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
 from .layers import ACTIVATIONS, Block, make_norm, rename_legacy
+from .lora import ADAPTERS_FILE, KEYS, LORA_FILE, LoraSpec, apply_lora, check_base, read_lora_file, trainable_state
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryPositions,
@@ -60,7 +62,7 @@ class Encoder(nn.Module):
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, index=i) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
     def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False,
@@ -109,7 +111,7 @@ class Decoder(nn.Module):
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) \
             if cfg.embedding_norm and not cross else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg, cross=cross) for _ in range(cfg.decoder_layers))
+        self.layers = nn.ModuleList(Block(cfg, cross=cross, index=i) for i in range(cfg.decoder_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
     def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
@@ -217,6 +219,7 @@ class Transformer(nn.Module):
         if not isinstance(cfg, ModelConfig):
             raise AtencionError(f"Transformer(cfg): expected a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
+        self.lora = None  # LoRA adapters (nn/lora.py: apply_lora) and the base they adapt
         src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
         if cfg.arch == "encoder":
             self.encoder = Encoder(cfg, src_embed)
@@ -399,12 +402,29 @@ class Transformer(nn.Module):
             names[name] = first.setdefault(id(tensor), name)
         return names
 
+    def start_from(self, other: "Transformer", where: str) -> list[str]:
+        """Copy ``other``'s weights into this model of the same shape; only a classification head
+        may be new (missing from ``other``, or of another size). Returns the new head's names."""
+        own = self.state_dict()
+        state = {name: value for name, value in other.state_dict().items()
+                 if not name.startswith("classifier.") or (name in own and own[name].shape == value.shape)}
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        new = [name for name in missing if not name.startswith("classifier.")]
+        if new or unexpected:
+            raise AtencionError(f"{where}: its weights do not fit the model; missing {new[:3]}, "
+                                f"unexpected {unexpected[:3]}")
+        return missing
+
     def save(self, directory: str | os.PathLike) -> None:
-        """Write config.json and model.safetensors into ``directory`` (each atomically)."""
+        """Write config.json and model.safetensors into ``directory`` (each atomically); a model
+        with LoRA adapters writes adapters.safetensors and lora.json instead of its weights."""
         from safetensors.torch import save
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.lora is not None:
+            self._save_adapters(directory)
+            return
         state = self.state_dict()
         tensors = {name: state[name].detach().contiguous().cpu()
                    for name, canonical in self._canonical_names().items() if name == canonical}
@@ -422,6 +442,8 @@ class Transformer(nn.Module):
         directory = Path(directory)
         if not directory.is_dir():
             raise MissingFileError(f"{directory}: model directory not found")
+        if (directory / LORA_FILE).is_file():
+            return cls._load_adapted(directory, map_location)
         model = cls(ModelConfig.load(directory / CONFIG_FILE))
         path = directory / WEIGHTS_FILE
         if not path.is_file():
@@ -446,6 +468,62 @@ class Transformer(nn.Module):
             raise AtencionError(f"{path}: {bad}; this model diverged in training and cannot be used "
                                 f"(take an earlier checkpoint)")
         model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
+        return model
+
+    def _save_adapters(self, directory: Path) -> None:
+        from safetensors.torch import save
+
+        info = self.lora
+        tensors = trainable_state(self)
+        bad = non_finite(tensors)
+        if bad:
+            raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
+        atomic_write_bytes(directory / ADAPTERS_FILE, save(tensors))
+        record = {"base": info.base, "base_sha256": info.base_sha256, "rank": info.spec.rank,
+                  "alpha": info.spec.alpha, "dropout": info.spec.dropout, "targets": info.spec.targets,
+                  "modules": info.modules}
+        atomic_write_text(directory / LORA_FILE, json.dumps(record, indent=2) + "\n")
+        atomic_write(directory / CONFIG_FILE, self.cfg.save)
+
+    @classmethod
+    def _load_adapted(cls, directory: Path, map_location) -> "Transformer":
+        """A LoRA model: its base (checked against the recorded checksum), then the adapters."""
+        from safetensors.torch import load_file
+
+        record = read_lora_file(directory)
+        spec = LoraSpec.from_config({key: record[key] for key in KEYS}, where=str(directory / LORA_FILE))
+        base_dir = check_base(directory, record)
+        if (base_dir / LORA_FILE).is_file():
+            raise AtencionError(f"{directory / LORA_FILE}: its base {base_dir} is itself a LoRA model; "
+                                f"a base must hold plain weights")
+        model = cls(ModelConfig.load(directory / CONFIG_FILE)).to(map_location)
+        new = model.start_from(cls.load(base_dir, map_location), f"{directory / LORA_FILE}: base {base_dir}")
+        names = apply_lora(model, spec, base_dir, record["base_sha256"], trainable=new)
+        if names != record["modules"]:
+            raise AtencionError(f"{directory / LORA_FILE}: its targets now select {names[:3]}…, "
+                                f"not the layers it adapted {record['modules'][:3]}…")
+        path = directory / ADAPTERS_FILE
+        if not path.is_file():
+            raise MissingFileError(f"{path}: LoRA adapters not found")
+        try:
+            tensors = load_file(str(path), device=str(map_location))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
+        expected = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        if missing or unexpected:
+            raise AtencionError(f"{path}: adapters do not match {directory / LORA_FILE}; "
+                                f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        for name, tensor in tensors.items():
+            if tensor.shape != expected[name].shape:
+                raise AtencionError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                    f"expected {tuple(expected[name].shape)}")
+        bad = non_finite(tensors)
+        if bad:
+            raise AtencionError(f"{path}: {bad}; these adapters diverged in training and cannot be used")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                expected[name].copy_(tensor)
         return model
 
 

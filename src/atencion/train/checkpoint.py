@@ -20,6 +20,7 @@ from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenize
 from ..decode.model_dir import load_model_dir
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text
+from ..nn.lora import merge_lora
 from ..nn.transformer import Transformer
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
@@ -123,13 +124,16 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def average_checkpoints(paths: list[Path], out: Path) -> None:
     """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints).
-    One model is held at a time (a running sum in float64), so any number of checkpoints fits."""
+    One model is held at a time (a running sum in float64), so any number of checkpoints fits.
+    LoRA checkpoints are averaged as the merged models they stand for (the average of the
+    products B A, not the product of averages): the result holds plain weights."""
     if not paths:
         raise AtencionError("average: give at least one checkpoint directory")
-    first, tokenizer = load_model_dir(paths[0], what="CKPT")
+    first, tokenizer = load_model_dir(paths[0], what="CKPT")  # LoRA checkpoints: adapters folded in
     sums = {name: value.double() for name, value in first.state_dict().items() if value.is_floating_point()}
     for path in paths[1:]:
-        model = Transformer.load(path)  # the weights only: its tokenizer must be the first's, byte for byte
+        # the weights only: its tokenizer must be the first's, byte for byte
+        model = merge_lora(Transformer.load(path))
         if model.cfg != first.cfg:
             key = next(k for k, v in first.cfg.to_dict().items() if getattr(model.cfg, k) != v)
             raise AtencionError(f"{path / 'config.json'}: {key} is {getattr(model.cfg, key)!r} but "

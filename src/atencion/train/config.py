@@ -17,6 +17,7 @@ import yaml
 from ..config import ModelConfig
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
+from ..nn.lora import LoraSpec
 
 TASKS = ("translate", "lm", "mlm", "classify")
 # The model a task trains when the config names no preset, and the archs it can train.
@@ -67,6 +68,8 @@ class OptimConfig:
     lr_min: float = 0.0                 # cosine: the rate reached at max_steps
     optimizer: str = "adam"             # "adam" (§5.3; weight_decay is an L2 term) or "adamw" (decoupled decay)
     init_from: str | None = None        # start from this trained model directory (its weights and tokenizer)
+    lora: dict[str, Any] | None = None  # LoRA adapters over the frozen init_from weights: {rank, alpha, dropout,
+                                        # targets} (nn/lora.py)
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -165,7 +168,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise AtencionError(f"{source}: section {section!r} must be a mapping")
-        raw[section][name] = _yaml(value, f"--set {item!r}")
+        target = raw[section]
+        if section == "model" and "." in name:  # a setting inside a model key's mapping: model.moe.experts=4
+            outer, name = name.split(".", 1)
+            if not isinstance(target.get(outer), dict):
+                target[outer] = {}
+            target = target[outer]
+        target[name] = _yaml(value, f"--set {item!r}")
     return _build(raw, source)
 
 
@@ -250,6 +259,10 @@ def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:
     kind = str(f.type)
     if value is None and "None" in kind:
         return None
+    if "dict" in kind:
+        if not isinstance(value, dict):
+            raise AtencionError(f"{key}: expected a mapping, got {value!r}")
+        return value
     if isinstance(value, list) and "list" in kind:
         if not value or not all(isinstance(v, str) for v in value):
             raise AtencionError(f"{key}: expected a path or a non-empty list of paths, got {value!r}")
@@ -329,6 +342,13 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         raise AtencionError(f"{source}: data.joint: false is for translation; task {cfg.task!r} has one vocabulary")
     if cfg.task == "translate" and d.tokenizer == "char":
         raise AtencionError(f"{source}: data.tokenizer: char is for the single-stack tasks (lm, mlm, classify)")
+    if t.lora is not None:
+        try:
+            LoraSpec.from_config(t.lora)
+        except AtencionError as err:
+            raise AtencionError(f"{source}: {err}") from None
+        if t.init_from is None:
+            raise AtencionError(f"{source}: train.lora adapts a trained model: set train.init_from to it")
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written

@@ -29,6 +29,8 @@ from ..decode.model_dir import load_model_dir
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
+from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_checksum
+from ..nn.moe import RoutingStats, moe_aux_loss
 from ..nn.transformer import Transformer
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
@@ -103,10 +105,12 @@ class Trainer:
                     log.warning("%s (left by an interrupted process)", line)
         start = None
         if resume:
-            saved, self.tokenizer = load_model_dir(checkpoints[-1], what="checkpoint")
+            saved, self.tokenizer = load_model_dir(checkpoints[-1], what="checkpoint", merge=False)
         else:
             if t.init_from is not None:
                 start, self.tokenizer = load_model_dir(t.init_from, what="train.init_from")
+                if t.lora is not None:
+                    _check_lora_base(start, cfg)
             if self.dist.main:
                 try:
                     restarted = prepare_run_dir(self.out)
@@ -133,18 +137,32 @@ class Trainer:
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = Transformer(model_cfg).to(self.device)
+        new_head = []
         if start is not None:
-            _load_start(self.model, start, t.init_from)
+            new_head = self.model.start_from(start, f"train.init_from {t.init_from}")
+            log.info("started from %s%s", t.init_from, " (a new classification head)" if new_head else "")
+        if t.lora is not None:  # adapters over the frozen weights; the base is the init_from model
+            if resume:
+                new_head = [name for name, p in saved.named_parameters()
+                            if p.requires_grad and not name.endswith(("lora_A", "lora_B"))]
+                base, checksum = saved.lora.base, saved.lora.base_sha256
+            else:
+                base, checksum = t.init_from, weights_checksum(t.init_from)
+            apply_lora(self.model, LoraSpec.from_config(t.lora), base, checksum, trainable=new_head)
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            log.info("LoRA: %d of %d parameters trainable (%.2f%%)", trained, self.model.num_parameters(),
+                     100 * trained / self.model.num_parameters())
         del start
+        unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
         self.ddp = (torch.nn.parallel.DistributedDataParallel(
-            self.model, find_unused_parameters=cfg.task == "classify") if self.dist.world > 1 else self.model)
+            self.model, find_unused_parameters=unused) if self.dist.world > 1 else self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
         if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's)
-            params = list(self.model.parameters())
             groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
             self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
         else:
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.adam_betas,
+            self.optimizer = torch.optim.Adam(params, lr=0.0, betas=t.adam_betas,
                                               eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
                                       "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
@@ -159,6 +177,7 @@ class Trainer:
             self.state = {**self.state, **saved_state}
             log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
         self._writer = None
+        self._routing = RoutingStats.of(self.model)  # None without mixture-of-experts layers
 
     # one update ------------------------------------------------------------------------------
 
@@ -188,6 +207,10 @@ class Trainer:
             context = self.ddp.no_sync() if self.dist.world > 1 and not sync else nullcontext()
             with context, self._autocast():
                 loss, nll = self.task.loss(self.ddp, self.model, batch)
+                if self._routing is not None:  # the load-balancing loss, weighted per unit like the loss
+                    self._routing.add()
+                    if cfg.moe["aux_loss_weight"] > 0:
+                        loss = loss + cfg.moe["aux_loss_weight"] * moe_aux_loss(self.model) * batch.units
                 # DDP averages gradients over processes: scale so the result is the gradient of
                 # the loss summed over the group's units (tokens, sentences) divided by their number.
                 (loss * self.dist.world / total_units).backward()
@@ -281,7 +304,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
                                     tok_s=f"{self._tok_s(last_log):.0f}", epoch=self.state["epoch"] + 1)
                 if step % t.log_every == 0:
-                    self._log({"step": step, "epoch": self.state["epoch"] + 1, **stats,
+                    self._log({"step": step, "epoch": self.state["epoch"] + 1, **stats, **self._routing_record(),
                                "tok_s": round(self._tok_s(last_log)), "seconds": round(self.state["train_seconds"], 1)})
                     last_log = (time.time(), self.state["target_tokens"])
                 if t.valid_every and step % t.valid_every == 0:
@@ -317,6 +340,15 @@ class Trainer:
         value = torch.tensor([1.0 if flag else 0.0])
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
+
+    def _routing_record(self) -> dict[str, Any]:
+        """The experts' token shares, dropped assignments and load-balancing loss since the last
+        log line, over every process (empty without mixture-of-experts layers)."""
+        if self._routing is None:
+            return {}
+        if self.dist.world > 1:
+            dist.all_reduce(self._routing.sums)
+        return self._routing.record()
 
     def _tok_s(self, last_log) -> float:
         seconds = max(time.time() - last_log[0], 1e-9)
@@ -401,6 +433,9 @@ class Trainer:
             for key, value in record.items():
                 if key not in ("step", "best") and isinstance(value, (int, float)):
                     self._writer.add_scalar(key, value, record["step"])
+            for i, shares in enumerate(record.get("moe_share", [])):
+                for j, share in enumerate(shares):
+                    self._writer.add_scalar(f"moe/layer{i}/expert{j}", share, record["step"])
 
 
 def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -> ModelConfig:
@@ -409,8 +444,12 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
     values = start.to_dict()
     where = f"train.init_from {cfg.train.init_from}"
     if cfg.model:  # the config's model must be the one it starts from, but for dropout and the head
-        given = ({**values, **cfg.model} if "preset" not in cfg.model else
-                 cfg.model_config(start.vocab_size, start.tgt_vocab_size, **task_values).to_dict())
+        try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
+            given = (ModelConfig.from_dict({**values, **cfg.model}, source=None).to_dict()
+                     if "preset" not in cfg.model else
+                     cfg.model_config(start.vocab_size, start.tgt_vocab_size, **task_values).to_dict())
+        except AtencionError as err:
+            raise AtencionError(f"{where}: model.{err}") from None
         for key, value in given.items():
             if key not in INIT_FROM_KEYS | {"num_labels", "labels"} and value != values[key]:
                 raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; a "
@@ -430,15 +469,15 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
     return model_cfg
 
 
-def _load_start(model: Transformer, start: Transformer, where: str) -> None:
-    """Copy ``start``'s weights into ``model``; only a new classification head may be missing."""
-    missing, unexpected = model.load_state_dict(start.state_dict(), strict=False)
-    new = [name for name in missing if not name.startswith("classifier.")]
-    if new or unexpected:
-        raise AtencionError(f"train.init_from {where}: its weights do not fit the model; missing {new[:3]}, "
-                            f"unexpected {unexpected[:3]}")
-    kept = "" if not missing else " (a new classification head)"
-    log.info("started from %s%s", where, kept)
+def _check_lora_base(start: Transformer, cfg: TrainConfig) -> None:
+    """Before anything is written: the base of a LoRA run holds plain weights, and the targets
+    and rank of train.lora fit it."""
+    init_from = Path(cfg.train.init_from)
+    if (init_from / LORA_FILE).is_file():
+        raise AtencionError(f"train.init_from {init_from}: is a LoRA model; adapters are trained over plain "
+                            f"weights: fold its adapters in first (atencion merge-lora --model {init_from} "
+                            f"--out DIR) and start from DIR")
+    select_targets(start, LoraSpec.from_config(cfg.train.lora))
 
 
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:

@@ -1,0 +1,132 @@
+"""Dense against mixture of experts: the character-level GPT of configs/shakespeare_char.yaml
+(4 layers, d_model 128, d_ff 512) trained three times for the same updates on Tiny Shakespeare:
+
+- ``dense``: the config as it is;
+- ``moe``: every FFN replaced by 4 experts of d_ff 256, top-2 (the same active FFN parameters per
+  token as the dense model, twice the total), load-balancing loss weight 0.01;
+- ``moe_noaux``: the same without the load-balancing loss (weight 0): what the router does alone.
+
+    python benchmarks/moe.py --out runs/moe --figure docs/figures/moe_share.png
+    python benchmarks/moe.py --out runs/moe-smoke --steps 20 --threads 1     # a look, not a result
+
+Prints one JSON object (and writes OUT/moe.json): per run the best validation loss (nats/char),
+the training speed (the trainer's tokens/s), and the total and active parameters (those one
+token passes through). With --figure, a PNG of each expert's share of the routed tokens against
+the update, with and without the load-balancing loss, for one layer (--layer) or all of them. A
+finished run is reused; an interrupted one resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MOE = {"experts": 4, "top_k": 2}
+RUNS = {"dense": [], "moe": ["model.d_ff=256", *(f"model.moe.{k}={v}" for k, v in MOE.items()),
+                             "model.moe.aux_loss_weight=0.01"]}
+RUNS["moe_noaux"] = [s for s in RUNS["moe"] if "aux_loss_weight" not in s] + ["model.moe.aux_loss_weight=0"]
+
+
+def read_log(run: Path) -> list[dict]:
+    path = run / "log.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+
+
+def train_run(name: str, args) -> Path:
+    from atencion.train.config import load_config
+    from atencion.train.trainer import train
+
+    run = Path(args.out) / name
+    if any("summary" in r for r in read_log(run)):
+        return run
+    steps = args.steps
+    sets = [f"data.train_text={args.text}", f"train.threads={args.threads}", "train.progress=false",
+            f"train.log_every={max(1, steps // 40)}" if steps else None, f"train.max_steps={steps}" if steps else None,
+            *RUNS[name], *args.set]
+    cfg = load_config(args.config, [s for s in sets if s])
+    train(cfg, run, resume=(run / "checkpoints").is_dir())
+    return run
+
+
+def measure(run: Path) -> dict:
+    from atencion.nn.moe import active_parameters
+    from atencion.nn.transformer import Transformer
+
+    records = read_log(run)
+    model = Transformer.load(run / "best")
+    summary = [r["summary"] for r in records if "summary" in r][-1]
+    return {"best_valid_loss": round(min(r["valid_loss"] for r in records if "valid_loss" in r), 4),
+            "tok_s": summary["tok_s"], "steps": summary["steps"],
+            "parameters": model.num_parameters(), "active_parameters": active_parameters(model)}
+
+
+def shares(run: Path) -> tuple[list[int], list[list[list[float]]]]:
+    """The steps of the log lines and, at each, the share of every expert in every MoE layer."""
+    lines = [r for r in read_log(run) if "moe_share" in r]
+    return [r["step"] for r in lines], [r["moe_share"] for r in lines]
+
+
+def figure(out: Path, path: Path, layer: int | None) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = {"with the load-balancing loss (0.01)": out / "moe", "without it": out / "moe_noaux"}
+    data = {title: shares(run) for title, run in runs.items()}
+    n_layers = len(next(iter(data.values()))[1][0])
+    if layer is not None and not 0 <= layer < n_layers:
+        raise SystemExit(f"--layer {layer}: the model has MoE layers 0 to {n_layers - 1}")
+    layers = [layer] if layer is not None else list(range(n_layers))
+    fig = Figure(figsize=(9.0, 2.3 * len(layers) + 0.6))
+    axes = fig.subplots(len(layers), len(runs), sharex=True, sharey=True, squeeze=False)
+    for column, (title, (steps, per_step)) in enumerate(data.items()):
+        for row, i in enumerate(layers):
+            ax = axes[row][column]
+            for expert in range(MOE["experts"]):
+                ax.plot(steps, [s[i][expert] for s in per_step], label=f"expert {expert}")
+            ax.axhline(1 / MOE["experts"], color="grey", linestyle=":", linewidth=1)
+            ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(title, fontsize=10)
+            if column == 0:
+                ax.set_ylabel(f"layer {i}: share")
+            if row == len(layers) - 1:
+                ax.set_xlabel("update")
+    axes[0][0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"Char-level GPT on Tiny Shakespeare: tokens routed to each of {MOE['experts']} experts "
+                 f"(top-{MOE['top_k']}; dotted: uniform)", fontsize=10)
+    fig.tight_layout()
+    FigureCanvasAgg(fig).print_png(str(path))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/moe", help="one run directory per model is made here")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))
+    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"))
+    parser.add_argument("--steps", type=int, default=0, help="updates per model (default: the config's, 2,000)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
+    parser.add_argument("--figure", help="write the expert shares to this PNG")
+    parser.add_argument("--layer", type=int, help="the figure's layer (default: every layer, one row each)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to every run, as atencion train --set")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    report = {}
+    for name in RUNS:
+        report[name] = measure(train_run(name, args))
+        print(json.dumps({name: report[name]}), file=sys.stderr)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "moe.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.figure:
+        figure(Path(args.out), Path(args.figure), args.layer)
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""LoRA (Hu et al. 2021): fine-tune a trained model through low-rank adapters.
+
+A frozen linear layer W x + b becomes W x + b + (α / r) · B A dropout(x), with A (r × d_in)
+drawn as torch initialises a linear layer and B (d_out × r) zero, so the adapted model starts
+as the model it adapts. Only A and B (and a task head the base model lacks) are trained; the
+base weights are not copied into the adapted model's directory, which names its base by path and
+by the SHA-256 of its weights, checked whenever the adapters are loaded.
+
+Targets are module names: ``attention`` (``in_proj``, W^Q, W^K and W^V stacked, and
+``out_proj``, W^O), ``ffn`` (``linear1``, ``linear2``), ``all`` (every linear layer but the
+classification head and MoE routers), or patterns (``decoder.layers.*.self_attn.in_proj``; a
+pattern without a dot also matches as the last part of a name, as Hugging Face PEFT matches).
+The stacked ``in_proj`` gets one adapter of rank r from d_model to 3 · d_model.
+
+``merge_lora`` folds the adapters into plain weights: W ← W + (α / r) · B A.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import AtencionError, MissingFileError
+from .dropout import Dropout
+
+LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
+SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2"]}
+KEYS = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": "attention"}
+
+
+@dataclass
+class LoraSpec:
+    """What ``train.lora`` asks for: rank r, α (the update is scaled by α / r), dropout on the
+    adapter's input, and the target names or patterns."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] | str = "attention"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.targets, str):
+            self.targets = [self.targets]
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_config(cls, values: dict, where: str = "train.lora") -> "LoraSpec":
+        """The spec of a ``train.lora`` mapping, each value checked; errors name the key."""
+        if not isinstance(values, dict):
+            raise AtencionError(f"{where}: expected a mapping with keys {sorted(KEYS)}, got {values!r}")
+        unknown = sorted(set(values) - set(KEYS))
+        if unknown:
+            raise AtencionError(f"{where}.{unknown[0]}: unknown key; {where} takes {sorted(KEYS)}")
+        spec = {**KEYS, **values}
+        rank, alpha, dropout, targets = spec["rank"], spec["alpha"], spec["dropout"], spec["targets"]
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            raise AtencionError(f"{where}.rank: expected an integer >= 1, got {rank!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+            raise AtencionError(f"{where}.alpha: expected a number > 0, got {alpha!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise AtencionError(f"{where}.dropout: expected a number in [0, 1), got {dropout!r}")
+        if isinstance(targets, str):
+            targets = [targets]
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
+            raise AtencionError(f"{where}.targets: expected attention, ffn, all, or a list of module names or "
+                                f"patterns, got {spec['targets']!r}")
+        return cls(rank, float(alpha), float(dropout), targets)
+
+
+class LoRALinear(nn.Module):
+    """``base(x) + scaling · B(A(dropout(x)))`` over a frozen ``nn.Linear``."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's initialisation (as PEFT's)
+        self.scaling = alpha / rank
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
+
+    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Output features ``start:stop`` only (the cross-attention query, or its keys and values)."""
+        bias = None if self.base.bias is None else self.base.bias[start:stop]
+        low = F.linear(self.dropout(x), self.lora_A)
+        return F.linear(x, self.base.weight[start:stop], bias) + F.linear(low, self.lora_B[start:stop]) * self.scaling
+
+    def merged(self) -> nn.Linear:
+        """The base layer with the update folded in."""
+        with torch.no_grad():
+            self.base.weight += (self.lora_B @ self.lora_A) * self.scaling
+        return self.base
+
+    def extra_repr(self) -> str:
+        return f"rank={self.lora_A.size(0)}, scaling={self.scaling:g}"
+
+
+def _eligible(model: nn.Module) -> dict[str, nn.Linear]:
+    """Every linear layer an adapter may wrap, by name."""
+    return {name: module for name, module in model.named_modules()
+            if type(module) is nn.Linear and not name.startswith("classifier.") and not name.endswith(".router")}
+
+
+def _matches(name: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, "*." + pattern)
+
+
+def select_targets(model: nn.Module, spec: LoraSpec, where: str = "train.lora") -> list[str]:
+    """The names of the linear layers ``spec.targets`` names, checked: every target matches a
+    linear layer, and the rank is at most each layer's smaller side."""
+    eligible = _eligible(model)
+    chosen: list[str] = []
+    for target in spec.targets:
+        if target == "all":
+            found = list(eligible)
+        else:
+            patterns = SHORTHANDS.get(target, [target])
+            found = [name for name in eligible if any(_matches(name, p) for p in patterns)]
+        if not found:
+            examples = sorted({name.rsplit(".", 1)[-1] for name in eligible})
+            raise AtencionError(f"{where}.targets: {target!r} matches no linear layer of the model; use attention, "
+                                f"ffn, all, or names such as {examples} (or full names like {next(iter(eligible))!r})")
+        chosen += [name for name in found if name not in chosen]
+    for name in chosen:
+        layer = eligible[name]
+        if spec.rank > min(layer.in_features, layer.out_features):
+            raise AtencionError(f"{where}.rank: {spec.rank} is larger than layer {name} "
+                                f"({layer.in_features} → {layer.out_features}) allows; expected at most "
+                                f"{min(layer.in_features, layer.out_features)}")
+    return chosen
+
+
+@dataclass
+class LoraInfo:
+    """The adapters a model carries and the base model they adapt."""
+
+    spec: LoraSpec
+    modules: list[str]
+    base: str            # the base model directory (absolute)
+    base_sha256: str     # of its model.safetensors
+
+
+def weights_checksum(directory: str | os.PathLike) -> str:
+    """SHA-256 of a model directory's model.safetensors."""
+    from .transformer import WEIGHTS_FILE
+
+    path = Path(directory) / WEIGHTS_FILE
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def apply_lora(model: nn.Module, spec: LoraSpec, base: str | os.PathLike, base_sha256: str,
+               trainable: list[str] = ()) -> list[str]:
+    """Wrap the targeted linear layers of ``model`` (which holds the base weights) in adapters and
+    freeze everything else but the parameters named in ``trainable`` (a task head the base
+    lacks). Returns the wrapped names."""
+    names = select_targets(model, spec)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoRALinear(getattr(parent, child), spec.rank, spec.alpha, spec.dropout))
+    params = dict(model.named_parameters())
+    for name in trainable:
+        params[name].requires_grad_(True)
+    model.lora = LoraInfo(spec, names, str(Path(base).resolve()), base_sha256)
+    return names
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter of ``model`` into its base weights, in place: a plain model again."""
+    if getattr(model, "lora", None) is None:
+        return model
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.merged())
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.lora = None
+    return model
+
+
+def trainable_state(model: nn.Module) -> dict[str, Tensor]:
+    """What a LoRA model's directory stores: the trainable tensors (adapters, a new head)."""
+    return {name: p.detach().contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def read_lora_file(directory: Path) -> dict:
+    from ..fileio import read_json
+
+    record = read_json(directory / LORA_FILE, "LoRA description")
+    for key in ("base", "base_sha256", "modules", *KEYS):
+        if key not in record:
+            raise AtencionError(f"{directory / LORA_FILE}: missing the key {key!r}")
+    return record
+
+
+def check_base(directory: Path, record: dict) -> Path:
+    """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
+    present and with the weights the adapters were trained on."""
+    from .transformer import WEIGHTS_FILE
+
+    base = Path(record["base"])
+    if not (base / WEIGHTS_FILE).is_file():
+        raise MissingFileError(f"{directory / LORA_FILE}: its base model {base} is missing (no {WEIGHTS_FILE}); "
+                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}")
+    if weights_checksum(base) != record["base_sha256"]:
+        raise AtencionError(f"{directory / LORA_FILE}: the base model {base} has changed since these adapters "
+                            f"were trained (SHA-256 of {WEIGHTS_FILE} differs); the adapters fit only the "
+                            f"original weights")
+    return base
