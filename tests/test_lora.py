@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -203,7 +204,7 @@ def test_translate_export_and_merge_lora_work_on_both_forms_alike(translator, tm
     assert (tmp_path / "a" / "model.bin").read_bytes() == (tmp_path / "b" / "model.bin").read_bytes()
 
 
-def test_generate_and_classify_work_on_both_forms_alike(tmp_path, capsys):
+def test_generate_fill_mask_and_classify_work_on_both_forms_alike(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("".join(s + "\n" for s in sentences(300)), encoding="utf-8")
     lm = train(config(tmp_path, "lm", *lm_sets(text), "train.max_steps=4", "train.valid_every=4"), tmp_path / "lm")
@@ -216,13 +217,18 @@ def test_generate_and_classify_work_on_both_forms_alike(tmp_path, capsys):
                        "train.valid_every=3"), tmp_path / "mlm")
     cls = train(config(tmp_path, "classify", f"data.train_tsv={tsv}", f"train.init_from={mlm['best_model']}",
                        "train.lora={rank: 2}", "train.max_steps=3", "train.valid_every=3"), tmp_path / "cls")
+    adapted_mlm = train(config(tmp_path, "mlm", f"data.train_text={text}", f"train.init_from={mlm['best_model']}",
+                               "train.lora={rank: 2, targets: all}", "train.max_steps=3", "train.valid_every=3",
+                               "train.lr_peak=0.05"), tmp_path / "mlm-lora")
     cls_dir = Path(cls["last_checkpoint"])
     head = load_file(str(cls_dir / "adapters.safetensors"))
     assert {"classifier.linear.weight", "classifier.linear.bias"} <= head.keys()  # the new head is trained
     (tmp_path / "lines.txt").write_text("the cat sat\na dog ran to the park\n")
     for model_dir, command in ((Path(adapted_lm["last_checkpoint"]), ["generate", "--prompt", "the", "--seed", "3",
                                                                      "--max-new-tokens", "12"]),
-                               (cls_dir, ["classify", "--input", str(tmp_path / "lines.txt"), "--json"])):
+                               (cls_dir, ["classify", "--input", str(tmp_path / "lines.txt"), "--json"]),
+                               (Path(adapted_mlm["last_checkpoint"]), ["fill-mask", "--text", "the <mask> sat",
+                                                                       "--json"])):
         merged = tmp_path / f"merged-{model_dir.parent.parent.name}"
         assert cli(["merge-lora", "--model", str(model_dir), "--out", str(merged)]) == 0
         capsys.readouterr()
@@ -305,3 +311,38 @@ def test_select_targets_names_what_each_shorthand_chooses():
     assert not any("linear" in n for n in names)
     assert select_targets(model, LoraSpec(targets=["ffn"])) == [
         f"{stack}.layers.{i}.ffn.linear{j}" for stack in ("encoder", "decoder") for i in range(2) for j in (1, 2)]
+
+
+def test_resume_refuses_a_changed_lora_setting(translator, tmp_path):
+    base_dir, data = translator
+    train(lora_config(data, base_dir, **{"train.max_steps": 3}), tmp_path / "lora")
+    changed = lora_config(data, base_dir, **{"train.max_steps": 6, "train.lora": "{rank: 4, alpha: 4, targets: all}"})
+    with pytest.raises(AtencionError, match=r"was trained with train.lora .*rank=2.* train.lora cannot change"):
+        train(changed, tmp_path / "lora", resume=True)
+    plain = tiny_config(data, **{"train.max_steps": 6, "train.init_from": str(base_dir)})
+    with pytest.raises(AtencionError, match=r"but the config given now has no train.lora"):
+        train(plain, tmp_path / "lora", resume=True)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_two_processes_train_the_same_adapters_as_one_process(translator, tmp_path):
+    """torchrun with 2 CPU processes (gloo), 1 micro-batch each = 1 process accumulating 2; the
+    frozen base weights take no part in the gradient exchange. Dropout off (each process draws
+    its own masks)."""
+    base_dir, data = translator
+    settings = {**data, "data.vocab_size": 40, "model.preset": "tiny", "model.d_model": 32, "model.d_ff": 64,
+                "model.n_layers": 1, "model.n_heads": 2, "model.dropout": 0.0, "train.max_tokens": 256,
+                "train.warmup": 5, "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False,
+                "train.threads": 1, "train.max_steps": 4, "train.device": "cpu", "train.init_from": str(base_dir),
+                "train.lora": "{rank: 2, alpha: 4, targets: all}"}
+    train(tiny_config({}, **{**settings, "train.accum_steps": 2}), tmp_path / "one")
+    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_port", "29533", "-m", "atencion", "train", "configs/reference.yaml",
+                    *args, "--set", "train.accum_steps=1", "--out", str(tmp_path / "two")],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT, capture_output=True)
+    one = load_file(str(list_checkpoints(tmp_path / "one" / "checkpoints")[-1] / "adapters.safetensors"))
+    two = load_file(str(list_checkpoints(tmp_path / "two" / "checkpoints")[-1] / "adapters.safetensors"))
+    assert one.keys() == two.keys() and any(v.abs().sum() > 0 for k, v in one.items() if k.endswith("lora_B"))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)

@@ -141,6 +141,8 @@ class Trainer:
         if start is not None:
             new_head = self.model.start_from(start, f"train.init_from {t.init_from}")
             log.info("started from %s%s", t.init_from, " (a new classification head)" if new_head else "")
+        if resume and (saved.lora is not None or t.lora is not None):
+            _same_lora(saved, t.lora, checkpoints[-1])
         if t.lora is not None:  # adapters over the frozen weights; the base is the init_from model
             if resume:
                 new_head = [name for name, p in saved.named_parameters()
@@ -478,6 +480,17 @@ def _check_lora_base(start: Transformer, cfg: TrainConfig) -> None:
                             f"weights: fold its adapters in first (atencion merge-lora --model {init_from} "
                             f"--out DIR) and start from DIR")
     select_targets(start, LoraSpec.from_config(cfg.train.lora))
+
+
+def _same_lora(saved: Transformer, lora: dict | None, checkpoint: Path) -> None:
+    """--resume must rebuild the adapters it saved (or none)."""
+    had = None if saved.lora is None else saved.lora.spec
+    given = None if lora is None else LoraSpec.from_config(lora)
+    if had != given:
+        def show(spec):
+            return "no train.lora" if spec is None else f"train.lora {spec}"
+        raise AtencionError(f"{checkpoint}: was trained with {show(had)} but the config given now has "
+                            f"{show(given)}; train.lora cannot change on --resume")
 
 
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:

@@ -1,0 +1,116 @@
+"""LoRA on translation: a trained Multi30k English→German model adapted to English→French, against
+full fine-tuning from the same model and against training from scratch, each for the same minutes.
+
+    python benchmarks/multi30k.py --out runs/m30k-base --minutes 30          # the En→De model first
+    python benchmarks/lora_transfer.py --base runs/m30k-base/averaged --out runs/lora-fr --minutes 20
+    python benchmarks/lora_transfer.py ... --only lora    # one run (two can share a 2-core CPU, --threads 1)
+
+Each run is benchmarks/multi30k.py --tgt fr (the Transformer-Tiny recipe, validation every epoch,
+the last 10 epoch checkpoints averaged, test2016 with beam 5):
+- ``scratch``: the recipe as it is, with its own joint En+Fr vocabulary;
+- ``full``: train.init_from the En→De model (its En+De vocabulary, every weight trained),
+  warm-up 200 updates and peak learning rate --lr (a trained model needs no long warm-up);
+- ``lora``: the same start and schedule, the weights frozen, LoRA adapters (--rank, on every
+  linear layer: attention, cross-attention and feed-forward) trained.
+Prints one JSON object (also OUT/lora_transfer.json): per run the test2016 bleu_tok and chrF of
+the averaged model, updates, tokens/s, trainable parameters, Adam's state and checkpoint size on
+disk; with --figure, validation BLEU (greedy) against minutes for the three runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RUNS = ("scratch", "full", "lora")
+
+
+def run_sets(name: str, args) -> list[str]:
+    sets = ["decode.beam=1", "train.keep_last=10", "train.log_every=100", f"train.threads={args.threads}"]
+    if name == "scratch":
+        return sets
+    sets += [f"train.init_from={args.base}", "train.warmup=200", f"train.lr_peak={args.lr}"]
+    if name == "lora":
+        sets.append(f"train.lora={{rank: {args.rank}, alpha: {2 * args.rank}, dropout: 0.1, targets: all}}")
+    return sets
+
+
+def sizes(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from atencion.train.checkpoint import list_checkpoints
+
+    checkpoint = list_checkpoints(run_dir / "checkpoints")[-1]
+    moments = load_file(str(checkpoint / "optimizer.safetensors"))
+    return {"trainable_parameters": sum(t.numel() for k, t in moments.items() if k.endswith(".exp_avg")),
+            "optimizer_state_bytes": (checkpoint / "optimizer.safetensors").stat().st_size,
+            "checkpoint_bytes": sum(f.stat().st_size for f in checkpoint.iterdir() if f.is_file())}
+
+
+def one(name: str, args) -> dict:
+    import multi30k
+
+    out = Path(args.out) / name
+    cached = out / "result.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    argv = ["--tgt", "fr", "--out", str(out), "--minutes", str(args.minutes)]
+    result = multi30k.main(argv + [a for s in run_sets(name, args) for a in ("--set", s)])
+    keep = {"test2016_averaged": result["test2016_averaged"], "valid_curve": result["valid_curve"],
+            "updates": result["train"]["steps"], "tok_s": result["train"]["tok_s"],
+            "minutes": round(result["train"]["seconds"] / 60, 1), **sizes(out / "run")}
+    cached.write_text(json.dumps(keep, indent=2) + "\n")
+    return keep
+
+
+def figure(results: dict, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {"scratch": "from scratch (own En+Fr vocabulary)", "full": "full fine-tuning of the En→De model",
+              "lora": "LoRA on the En→De model (weights frozen)"}
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=90)
+    for name, result in results.items():
+        curve = result["valid_curve"]
+        ax.plot([m for m, _ in curve], [b for _, b in curve], marker=".", label=labels[name])
+    ax.set_xlabel("wall-clock minutes (training + validation)")
+    ax.set_ylabel("validation BLEU, En→Fr (greedy, tokenized)")
+    ax.set_title("Multi30k En→Fr: adapting an En→De Transformer-Tiny")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="a trained Multi30k En→De model directory (plain weights)")
+    parser.add_argument("--out", default="runs/lora-fr")
+    parser.add_argument("--minutes", type=float, default=20.0, help="training time of each run (default: 20)")
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank (alpha = 2 · rank; default: 8)")
+    parser.add_argument("--lr", type=float, default=0.003, help="peak learning rate of full and lora (default: 0.003)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
+    parser.add_argument("--only", choices=RUNS, action="append", help="run only these (repeatable)")
+    parser.add_argument("--figure", help="write the validation curves to this PNG")
+    args = parser.parse_args(argv)
+    results = {name: one(name, args) for name in (args.only or RUNS)}
+    if args.figure:
+        figure(results, args.figure)
+    report = {name: {k: v for k, v in r.items() if k != "valid_curve"} for name, r in results.items()}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.only:
+        (Path(args.out) / "lora_transfer.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
