@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.nn.utils import parametrize
 
 from atencion.cli import main as cli
 from atencion.decode.model_dir import load_model_dir
@@ -34,10 +35,10 @@ def adapted(model: Transformer, targets="all", rank: int = 4, alpha: float = 8.0
     """A copy of ``model`` with adapters on ``targets``; B random unless ``randomise`` is False."""
     model = copy.deepcopy(model)
     apply_lora(model, LoraSpec(rank, alpha, 0.0, targets), "base", "0" * 64)
-    if randomise:
+    if randomise:  # B of a linear layer and A of an embedding table start at zero
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("lora_B"):
+                if name.endswith(("lora_A", "lora_B")):
                     p.normal_(std=0.1)
     return model.eval()
 
@@ -56,28 +57,37 @@ ARCHS = ["encoder-decoder", "encoder", "decoder"]
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_adapter_starts_as_the_identity(arch):
     base = small_model(arch=arch, dropout=0.0)
-    model = adapted(base, randomise=False)
+    model = adapted(base, ["all", "embeddings"], randomise=False)
     assert all(name.endswith(("lora_A", "lora_B")) for name, p in model.named_parameters() if p.requires_grad)
     assert torch.equal(run(model, arch), run(base, arch))  # B = 0: exactly the base model
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_merged_model_equals_the_adapted_one(arch):
+    """Embedding adapters included: the output projection tied to the table reads the adapted
+    table before merging, as it reads the merged one after."""
     base = small_model(arch=arch, dropout=0.0)
-    model = adapted(base)
+    model = adapted(base, ["all", "embeddings"])
     before = run(model, arch)
     assert (before - run(base, arch)).abs().max() > 1e-2  # the adapters change the function ...
     merged = merge_lora(model)
     assert not any(isinstance(m, LoRALinear) for m in merged.modules()) and merged.lora is None
+    assert not any(parametrize.is_parametrized(m) for m in merged.modules())
+    if arch != "encoder":
+        assert merged.generator.weight is merged.decoder.embed.weight  # still one tied table
     torch.testing.assert_close(run(merged, arch), before, atol=1e-5, rtol=0)  # ... and merging keeps it
 
 
-@pytest.mark.parametrize("targets", ["attention", "ffn", "all", ["out_proj"], ["decoder.layers.*.cross_attn.in_proj"]])
+@pytest.mark.parametrize("targets", ["attention", "ffn", "all", ["out_proj"], ["decoder.layers.*.cross_attn.in_proj"],
+                                     ["embeddings", "ffn"]])
 def test_the_trainable_parameters_are_rank_times_d_in_plus_d_out_per_target(targets):
     base = small_model(arch="encoder-decoder")
     model = adapted(base, targets, rank=4)
     expected = 0
     for name in model.lora.modules:
+        if name == "encoder.embed":  # vocabulary × d_model, one table for both stacks
+            expected += 4 * (base.cfg.vocab_size + base.cfg.d_model)
+            continue
         layer = model.get_submodule(name).base
         expected += 4 * (layer.in_features + layer.out_features)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -131,7 +141,8 @@ def translator(tmp_path):
 
 
 def lora_config(data, base: Path, **extra):
-    return tiny_config(data, **{"train.init_from": str(base), "train.lora": "{rank: 2, alpha: 4, targets: all}",
+    return tiny_config(data, **{"train.init_from": str(base),
+                                "train.lora": "{rank: 2, alpha: 4, targets: [all, embeddings]}",
                                 "train.valid_every": 3, "train.lr_peak": 0.05, **extra})
 
 
@@ -148,9 +159,10 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_only_them(translator, tmp
     model = Transformer.load(last)  # base + adapters, unmerged
     state = model.state_dict()
     for name, value in base.state_dict().items():  # every base weight is the base's, unchanged
-        parts = name.rsplit(".", 1)
-        wrapped = f"{parts[0]}.base.{parts[1]}"
-        assert torch.equal(state.get(name, state.get(wrapped)), value), name
+        module, _, tensor = name.rpartition(".")  # as named in a model with adapters:
+        mine = [state[n] for n in (name, f"{module}.base.{tensor}", f"{module}.parametrizations.{tensor}.original")
+                if n in state]
+        assert len(mine) == 1 and torch.equal(mine[0], value), name
     assert any(saved[name].abs().sum() > 0 for name in saved if name.endswith("lora_B"))  # B has moved
     optimizer = load_file(str(last / "optimizer.safetensors"))  # Adam's moments: the adapters' only
     moments = sum(t.numel() for name, t in optimizer.items() if name.endswith(("exp_avg", "exp_avg_sq")))

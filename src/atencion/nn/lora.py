@@ -8,9 +8,13 @@ by the SHA-256 of its weights, checked whenever the adapters are loaded.
 
 Targets are module names: ``attention`` (``in_proj``, W^Q, W^K and W^V stacked, and
 ``out_proj``, W^O), ``ffn`` (``linear1``, ``linear2``), ``all`` (every linear layer but the
-classification head and MoE routers), or patterns (``decoder.layers.*.self_attn.in_proj``; a
-pattern without a dot also matches as the last part of a name, as Hugging Face PEFT matches).
-The stacked ``in_proj`` gets one adapter of rank r from d_model to 3 · d_model.
+classification head and MoE routers), ``embeddings`` (the token embedding tables), or patterns
+(``decoder.layers.*.self_attn.in_proj``; a pattern without a dot also matches as the last part
+of a name, as Hugging Face PEFT matches). The stacked ``in_proj`` gets one adapter of rank r
+from d_model to 3 · d_model. An embedding table E (vocabulary × d_model) becomes
+E + (α / r) · (B A)ᵀ with A (r × vocabulary) zero and B (d_model × r) drawn from N(0, 1), as
+PEFT adapts embeddings; the adapted table is a parametrization of the weight, so the output
+projection tied to it (§3.4) reads the adapted table too, and merging changes nothing.
 
 ``merge_lora`` folds the adapters into plain weights: W ← W + (α / r) · B A.
 """
@@ -109,6 +113,52 @@ class LoRALinear(nn.Module):
         return f"rank={self.lora_A.size(0)}, scaling={self.scaling:g}"
 
 
+class EmbeddingDelta(nn.Module):
+    """The parametrization E ↦ E + scaling · (B A)ᵀ of an embedding table (and of every layer
+    tied to it)."""
+
+    def __init__(self, vocab_size: int, d_model: int, rank: int, alpha: float, device=None):
+        super().__init__()
+        self.lora_A = nn.Parameter(torch.zeros(rank, vocab_size, device=device))
+        self.lora_B = nn.Parameter(torch.randn(d_model, rank, device=device))
+        self.scaling = alpha / rank
+
+    def forward(self, weight: Tensor) -> Tensor:
+        return weight + (self.lora_B @ self.lora_A).t() * self.scaling
+
+
+def _embeddings(model: nn.Module) -> dict[str, nn.Module]:
+    """The token embedding tables, by name (a table shared by encoder and decoder once)."""
+    from .positional import TokenEmbedding
+
+    return {name: module for name, module in model.named_modules() if isinstance(module, TokenEmbedding)}
+
+
+def _adapt_embedding(model: nn.Module, embed: nn.Module, spec: "LoraSpec") -> None:
+    from torch.nn.utils import parametrize
+
+    weight = embed.weight
+    holders = [m for m in model.modules() if m._parameters.get("weight") is weight]  # the table and its ties
+    delta = EmbeddingDelta(weight.size(0), weight.size(1), spec.rank, spec.alpha, weight.device)
+    for module in holders:
+        parametrize.register_parametrization(module, "weight", delta, unsafe=True)
+
+
+def _merge_embeddings(model: nn.Module) -> None:
+    from torch.nn.utils import parametrize
+
+    for delta in {id(m): m for m in model.modules() if isinstance(m, EmbeddingDelta)}.values():
+        holders = [m for m in model.modules() if parametrize.is_parametrized(m, "weight")
+                   and m.parametrizations.weight[0] is delta]
+        original = holders[0].parametrizations.weight.original
+        with torch.no_grad():
+            adapted = delta(original)
+        for module in holders:
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+        with torch.no_grad():
+            original.copy_(adapted)
+
+
 def _eligible(model: nn.Module) -> dict[str, nn.Linear]:
     """Every linear layer an adapter may wrap, by name."""
     return {name: module for name, module in model.named_modules()
@@ -127,6 +177,8 @@ def select_targets(model: nn.Module, spec: LoraSpec, where: str = "train.lora") 
     for target in spec.targets:
         if target == "all":
             found = list(eligible)
+        elif target == "embeddings":
+            found = list(_embeddings(model))
         else:
             patterns = SHORTHANDS.get(target, [target])
             found = [name for name in eligible if any(_matches(name, p) for p in patterns)]
@@ -136,11 +188,11 @@ def select_targets(model: nn.Module, spec: LoraSpec, where: str = "train.lora") 
                                 f"ffn, all, or names such as {examples} (or full names like {next(iter(eligible))!r})")
         chosen += [name for name in found if name not in chosen]
     for name in chosen:
-        layer = eligible[name]
-        if spec.rank > min(layer.in_features, layer.out_features):
+        layer = model.get_submodule(name)
+        sides = (layer.in_features, layer.out_features) if name in eligible else tuple(layer.weight.shape)
+        if spec.rank > min(sides):
             raise AtencionError(f"{where}.rank: {spec.rank} is larger than layer {name} "
-                                f"({layer.in_features} → {layer.out_features}) allows; expected at most "
-                                f"{min(layer.in_features, layer.out_features)}")
+                                f"({sides[0]} → {sides[1]}) allows; expected at most {min(sides)}")
     return chosen
 
 
@@ -172,9 +224,13 @@ def apply_lora(model: nn.Module, spec: LoraSpec, base: str | os.PathLike, base_s
     freeze everything else but the parameters named in ``trainable`` (a task head the base
     lacks). Returns the wrapped names."""
     names = select_targets(model, spec)
+    tables = _embeddings(model)
     for p in model.parameters():
         p.requires_grad_(False)
     for name in names:
+        if name in tables:
+            _adapt_embedding(model, tables[name], spec)
+            continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, LoRALinear(getattr(parent, child), spec.rank, spec.alpha, spec.dropout))
@@ -189,6 +245,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter of ``model`` into its base weights, in place: a plain model again."""
     if getattr(model, "lora", None) is None:
         return model
+    _merge_embeddings(model)
     for name, module in list(model.named_modules()):
         if isinstance(module, LoRALinear):
             parent_name, _, child = name.rpartition(".")
