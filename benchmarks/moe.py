@@ -8,6 +8,7 @@
 
     python benchmarks/moe.py --out runs/moe --figure docs/figures/moe_share.png
     python benchmarks/moe.py --out runs/moe-smoke --steps 20 --threads 1     # a look, not a result
+    python benchmarks/moe.py --out runs/moe-top1 --top-k 1 --skip-dense --figure docs/figures/moe_share_top1.png
 
 Prints one JSON object (and writes OUT/moe.json): per run the best validation loss (nats/char),
 the training speed (the trainer's tokens/s), and the total and active parameters (those one
@@ -25,10 +26,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MOE = {"experts": 4, "top_k": 2}
-RUNS = {"dense": [], "moe": ["model.d_ff=256", *(f"model.moe.{k}={v}" for k, v in MOE.items()),
-                             "model.moe.aux_loss_weight=0.01"]}
-RUNS["moe_noaux"] = [s for s in RUNS["moe"] if "aux_loss_weight" not in s] + ["model.moe.aux_loss_weight=0"]
+EXPERTS = 4
+
+
+def runs(top_k: int, d_ff: int) -> dict[str, list[str]]:
+    """The --set lines of each run: the experts' d_ff is the dense d_ff / top_k, so that a token
+    passes through as many FFN weights in every run."""
+    moe = ["model.d_ff=" + str(d_ff // top_k), f"model.moe.experts={EXPERTS}", f"model.moe.top_k={top_k}"]
+    return {"dense": [], "moe": [*moe, "model.moe.aux_loss_weight=0.01"],
+            "moe_noaux": [*moe, "model.moe.aux_loss_weight=0"]}
 
 
 def read_log(run: Path) -> list[dict]:
@@ -46,7 +52,7 @@ def train_run(name: str, args) -> Path:
     steps = args.steps
     sets = [f"data.train_text={args.text}", f"train.threads={args.threads}", "train.progress=false",
             f"train.log_every={max(1, steps // 40)}" if steps else None, f"train.max_steps={steps}" if steps else None,
-            *RUNS[name], *args.set]
+            *runs(args.top_k, args.d_ff)[name], *args.set]
     cfg = load_config(args.config, [s for s in sets if s])
     train(cfg, run, resume=(run / "checkpoints").is_dir())
     return run
@@ -70,7 +76,7 @@ def shares(run: Path) -> tuple[list[int], list[list[list[float]]]]:
     return [r["step"] for r in lines], [r["moe_share"] for r in lines]
 
 
-def figure(out: Path, path: Path, layer: int | None) -> None:
+def figure(out: Path, path: Path, layer: int | None, top_k: int) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -85,9 +91,9 @@ def figure(out: Path, path: Path, layer: int | None) -> None:
     for column, (title, (steps, per_step)) in enumerate(data.items()):
         for row, i in enumerate(layers):
             ax = axes[row][column]
-            for expert in range(MOE["experts"]):
+            for expert in range(EXPERTS):
                 ax.plot(steps, [s[i][expert] for s in per_step], label=f"expert {expert}")
-            ax.axhline(1 / MOE["experts"], color="grey", linestyle=":", linewidth=1)
+            ax.axhline(1 / EXPERTS, color="grey", linestyle=":", linewidth=1)
             ax.set_ylim(0, 1)
             ax.grid(alpha=0.3)
             if row == 0:
@@ -97,8 +103,8 @@ def figure(out: Path, path: Path, layer: int | None) -> None:
             if row == len(layers) - 1:
                 ax.set_xlabel("update")
     axes[0][0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"Char-level GPT on Tiny Shakespeare: tokens routed to each of {MOE['experts']} experts "
-                 f"(top-{MOE['top_k']}; dotted: uniform)", fontsize=10)
+    fig.suptitle(f"Char-level GPT on Tiny Shakespeare: tokens routed to each of {EXPERTS} experts "
+                 f"(top-{top_k}; dotted: uniform)", fontsize=10)
     fig.tight_layout()
     FigureCanvasAgg(fig).print_png(str(path))
 
@@ -112,18 +118,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--figure", help="write the expert shares to this PNG")
     parser.add_argument("--layer", type=int, help="the figure's layer (default: every layer, one row each)")
+    parser.add_argument("--top-k", type=int, default=2, help="experts per token (default: 2; each expert's d_ff "
+                        "is the dense d_ff / top-k)")
+    parser.add_argument("--skip-dense", action="store_true", help="train the two MoE runs only")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to every run, as atencion train --set")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from atencion.train.config import load_config
+
+    args.d_ff = load_config(args.config).model.get("d_ff", 512)
     report = {}
-    for name in RUNS:
+    for name in [n for n in runs(args.top_k, args.d_ff) if not (args.skip_dense and n == "dense")]:
         report[name] = measure(train_run(name, args))
         print(json.dumps({name: report[name]}), file=sys.stderr)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "moe.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.figure:
-        figure(Path(args.out), Path(args.figure), args.layer)
+        figure(Path(args.out), Path(args.figure), args.layer, args.top_k)
     print(json.dumps(report))
     return report
 

@@ -305,6 +305,11 @@ def test_a_lora_model_whose_base_is_missing_or_changed_is_refused(translator, tm
     save_file(tensors, str(weights))
     result = atencion("translate", "--model", str(lora_dir), "--input", str(tmp_path / "in.txt"))
     assert result.returncode == 2 and "has changed since these adapters were trained" in result.stderr
+    record = json.loads((lora_dir / "lora.json").read_text())
+    (lora_dir / "lora.json").write_text(json.dumps({**record, "base": 5}))
+    result = atencion("translate", "--model", str(lora_dir), "--input", str(tmp_path / "in.txt"))
+    assert result.returncode == 2 and "lora.json: 'base' must be a str, got 5" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_merge_lora_refuses_a_plain_model_and_an_occupied_out(translator, tmp_path):

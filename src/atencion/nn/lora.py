@@ -25,7 +25,7 @@ import fnmatch
 import hashlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -37,7 +37,6 @@ from .dropout import Dropout
 
 LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
 SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2"]}
-KEYS = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": "attention"}
 
 
 @dataclass
@@ -80,6 +79,9 @@ class LoraSpec:
             raise AtencionError(f"{where}.targets: expected attention, ffn, all, or a list of module names or "
                                 f"patterns, got {spec['targets']!r}")
         return cls(rank, float(alpha), float(dropout), targets)
+
+
+KEYS = {f.name: f.default for f in fields(LoraSpec)}  # the keys of train.lora, with their defaults
 
 
 class LoRALinear(nn.Module):
@@ -268,6 +270,9 @@ def read_lora_file(directory: Path) -> dict:
     for key in ("base", "base_sha256", "modules", *KEYS):
         if key not in record:
             raise AtencionError(f"{directory / LORA_FILE}: missing the key {key!r}")
+    for key, kind in (("base", str), ("base_sha256", str), ("modules", list)):
+        if not isinstance(record[key], kind):
+            raise AtencionError(f"{directory / LORA_FILE}: {key!r} must be a {kind.__name__}, got {record[key]!r}")
     return record
 
 
