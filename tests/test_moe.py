@@ -88,6 +88,26 @@ def test_routing_sends_each_token_to_exactly_k_experts_with_weights_summing_to_1
     assert layer.routed.sum() == k * len(gates) and layer.tokens == len(gates)
 
 
+def test_with_top_1_only_the_switch_gate_lets_the_task_train_the_router():
+    """Renormalised, the gate of one chosen expert is p / p = 1: the output carries no gradient to
+    the router. Switch's gate is p itself: the output is p · FFN(x), and the router learns."""
+    torch.manual_seed(0)
+    experts = [FeedForward(8, 16) for _ in range(3)]
+    x = torch.randn(10, 8)
+    for gate, learns in (("renormalize", False), ("switch", True)):
+        layer = MoEFeedForward(8, experts, top_k=1, gate=gate)
+        layer.router.weight.data.copy_(torch.randn(3, 8))
+        out = layer(x)
+        out.square().sum().backward()  # a task loss, without the auxiliary one
+        grad = layer.router.weight.grad
+        assert (grad is not None and grad.abs().sum() > 0) == learns, gate
+        p = layer.router(x).softmax(dim=-1)
+        chosen = p.argmax(dim=-1)
+        scale = p.max(dim=-1).values[:, None] if gate == "switch" else 1.0
+        expected = torch.stack([experts[int(c)](row) for c, row in zip(chosen, x)]) * scale
+        torch.testing.assert_close(out, expected)
+
+
 def test_the_auxiliary_loss_equals_its_formula_on_a_hand_computed_case_and_its_gradient_reaches_the_router():
     """Two experts, top-1, four tokens with router logits (ln 3, 0) ×3 and (0, ln 3): p is
     (3/4, 1/4) or (1/4, 3/4); expert 0 gets three tokens, f = (3/4, 1/4); P = (5/8, 3/8);
@@ -156,7 +176,8 @@ def test_capacity_is_first_come_first_served_in_token_order_across_the_k_choices
 
 def test_the_moe_setting_is_completed_with_its_defaults():
     assert small_config(moe={"experts": 3}).moe == {"experts": 3, "top_k": 2, "aux_loss_weight": 0.01,
-                                                    "capacity_factor": 0.0, "layers": "all"}
+                                                    "capacity_factor": 0.0, "layers": "all",
+                                                    "gate": "renormalize"}
     assert ModelConfig.from_dict({"vocab_size": 40, "moe": {"experts": 2, "aux_loss_weight": "1e-3"}}).moe[
         "aux_loss_weight"] == 0.001
 
@@ -171,6 +192,7 @@ def test_the_moe_setting_is_completed_with_its_defaults():
     ({"experts": 2, "aux_loss_weight": -1}, "moe.aux_loss_weight must be a number >= 0"),
     ({"experts": 2, "capacity_factor": float("nan")}, "moe.capacity_factor must be a number >= 0"),
     ({"experts": 2, "layers": "odd"}, "moe.layers must be one of"),
+    ({"experts": 2, "gate": "sum"}, r"moe.gate must be one of \['renormalize', 'switch'\]"),
     (4, "moe must be a mapping"),
 ])
 def test_bad_moe_settings_are_refused_naming_the_key(moe, message):

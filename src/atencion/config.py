@@ -229,14 +229,16 @@ PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522
              "t5-small": (32128, "60M")}  # vocabulary and the parameter count their papers give
 
 
-MOE_DEFAULTS: dict[str, Any] = {"top_k": 2, "aux_loss_weight": 0.01, "capacity_factor": 0.0, "layers": "all"}
+MOE_DEFAULTS: dict[str, Any] = {"top_k": 2, "aux_loss_weight": 0.01, "capacity_factor": 0.0, "layers": "all",
+                                "gate": "renormalize"}
 
 
 def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
     """``moe`` checked and completed with the defaults (so config.json names every setting):
     ``experts`` (E, required), ``top_k`` (experts per token), ``aux_loss_weight`` (of the
     load-balancing loss), ``capacity_factor`` (0: no limit), ``layers`` ("all", or
-    "every_other": layers 1, 3, ... of each stack, as GShard)."""
+    "every_other": layers 1, 3, ... of each stack, as GShard), ``gate`` ("renormalize": the
+    chosen probabilities scaled to sum to 1, Mixtral's; "switch": the probabilities themselves)."""
     known = ["experts", *MOE_DEFAULTS]
     if not isinstance(moe, dict):
         raise AtencionError(f"moe must be a mapping with the keys {known} (or null), got {moe!r}")
@@ -259,6 +261,7 @@ def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
             raise AtencionError(f"moe.{key} must be a number >= 0, got {value!r}")
         settings[key] = float(value)
     _require_choice("moe.layers", settings["layers"], ("all", "every_other"))
+    _require_choice("moe.gate", settings["gate"], ("renormalize", "switch"))
     if settings["layers"] == "every_other" and max(depths) < 2:
         raise AtencionError("moe.layers every_other puts experts in layers 1, 3, ... (counting from 0), but no "
                             "stack has a second layer; use moe.layers: all")

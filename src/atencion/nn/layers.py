@@ -73,7 +73,8 @@ class Block(nn.Module):
         self.res_cross = Residual(cfg) if cross else None
         if has_experts(cfg.moe, index):
             experts = [FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias) for _ in range(cfg.moe["experts"])]
-            self.ffn = MoEFeedForward(cfg.d_model, experts, cfg.moe["top_k"], cfg.moe["capacity_factor"])
+            self.ffn = MoEFeedForward(cfg.d_model, experts, cfg.moe["top_k"], cfg.moe["capacity_factor"],
+                                      cfg.moe["gate"])
         else:
             self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.res_ffn = Residual(cfg)

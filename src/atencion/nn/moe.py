@@ -6,9 +6,11 @@ For a token x, with router probabilities p = softmax(x W_r) over the E experts,
 
     MoE(x) = Σ_{i ∈ topk(p)} g_i · FFN_i(x),    g_i = p_i / Σ_{j ∈ topk(p)} p_j
 
-(Mixtral's gates: the k chosen probabilities renormalised to sum to 1; with k = 1 the gate is
-exactly 1, so the router learns from the load-balancing loss alone). The load-balancing loss
-of Switch (eq. 4-6), over the T tokens of a forward pass,
+(Mixtral's gates, ``gate: renormalize``: the k chosen probabilities renormalised to sum to 1;
+with k = 1 the gate is exactly 1, so the router learns from the load-balancing loss alone), or
+g_i = p_i (``gate: switch``, Switch Transformer's: the gate of a top-1 expert is its
+probability, so the task's gradient reaches the router). The load-balancing loss of Switch
+(eq. 4-6), over the T tokens of a forward pass,
 
     L_aux = E · Σ_i f_i · P_i,   f_i = (1/T) Σ_t 1[i ∈ topk(t)],   P_i = (1/T) Σ_t p_i(t)
 
@@ -36,12 +38,14 @@ class MoEFeedForward(nn.Module):
     gradient), ``routed`` (assignments per expert, before the capacity limit), ``dropped``
     (assignments over capacity) and ``tokens`` (T)."""
 
-    def __init__(self, d_model: int, experts: list[nn.Module], top_k: int, capacity_factor: float = 0.0):
+    def __init__(self, d_model: int, experts: list[nn.Module], top_k: int, capacity_factor: float = 0.0,
+                 gate: str = "renormalize"):
         super().__init__()
         self.router = nn.Linear(d_model, len(experts), bias=False)
         self.experts = nn.ModuleList(experts)
         self.top_k = top_k
         self.capacity_factor = capacity_factor
+        self.renormalize = gate == "renormalize"
         self.aux_loss: Tensor | None = None
         self.routed: Tensor | None = None
         self.dropped: Tensor | None = None
@@ -54,7 +58,7 @@ class MoEFeedForward(nn.Module):
         n_experts, k = len(self.experts), self.top_k
         probs = self.router(x).float().softmax(dim=-1)                        # p, (T, E)
         top_p, top_i = probs.topk(k, dim=-1)                                   # (T, k)
-        gates = top_p / top_p.sum(dim=-1, keepdim=True)                        # g, each row sums to 1
+        gates = top_p / top_p.sum(dim=-1, keepdim=True) if self.renormalize else top_p  # g (renormalised: sums to 1)
         # the T·k assignments in token order: token t's first choice, its second, ..., then t + 1's
         expert = top_i.reshape(-1)
         token = torch.arange(x.size(0), device=x.device).repeat_interleave(k)
