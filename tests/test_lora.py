@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from atencion.train.checkpoint import average_checkpoints, list_checkpoints
 from atencion.train.trainer import train
 from conftest import random_batch, small_model
 from test_tasks import config, lm_sets, sentences
-from test_training import tiny_config, write_corpus
+from test_training import one_and_two_processes, tiny_config, write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -321,7 +320,7 @@ def test_merge_lora_refuses_a_plain_model_and_an_occupied_out(translator, tmp_pa
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
 
 
-def test_select_targets_names_what_each_shorthand_chooses():
+def test_each_target_shorthand_chooses_its_layers_and_no_others():
     model = small_model(arch="encoder-decoder")
     names = select_targets(model, LoraSpec(targets=["attention"]))
     assert "decoder.layers.0.cross_attn.in_proj" in names and "encoder.layers.1.self_attn.out_proj" in names
@@ -352,14 +351,7 @@ def test_two_processes_train_the_same_adapters_as_one_process(translator, tmp_pa
                 "train.warmup": 5, "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False,
                 "train.threads": 1, "train.max_steps": 4, "train.device": "cpu", "train.init_from": str(base_dir),
                 "train.lora": "{rank: 2, alpha: 4, targets: all}"}
-    train(tiny_config({}, **{**settings, "train.accum_steps": 2}), tmp_path / "one")
-    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", "29533", "-m", "atencion", "train", "configs/reference.yaml",
-                    *args, "--set", "train.accum_steps=1", "--out", str(tmp_path / "two")],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT, capture_output=True)
-    one = load_file(str(list_checkpoints(tmp_path / "one" / "checkpoints")[-1] / "adapters.safetensors"))
-    two = load_file(str(list_checkpoints(tmp_path / "two" / "checkpoints")[-1] / "adapters.safetensors"))
+    one, two = (load_file(str(c / "adapters.safetensors")) for c in one_and_two_processes(settings, tmp_path, 29533))
     assert one.keys() == two.keys() and any(v.abs().sum() > 0 for k, v in one.items() if k.endswith("lora_B"))
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)

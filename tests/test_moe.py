@@ -3,9 +3,6 @@ capacity limit, the config's checks, decoding with the KV cache and beams, train
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +16,10 @@ from atencion.errors import AtencionError
 from atencion.nn.layers import FeedForward, Residual
 from atencion.nn.moe import MoEFeedForward, active_parameters, moe_aux_loss, moe_layers
 from atencion.nn.quantize import quantize_int8
-from atencion.train.checkpoint import list_checkpoints
 from atencion.train.config import load_config
 from atencion.train.trainer import train
 from conftest import random_batch, small_config, small_model
-from test_training import weights, write_corpus
+from test_training import one_and_two_processes, weights, write_corpus
 
 MOE = {"experts": 4, "top_k": 2}
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,16 +353,8 @@ def test_two_processes_with_experts_equal_one_process_with_the_same_total_batch(
                 "model.moe.aux_loss_weight": 0.1, "model.moe.capacity_factor": 0.5, "train.max_tokens": 256,
                 "train.warmup": 20, "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False,
                 "train.threads": 1, "train.max_steps": 4, "train.log_every": 1, "train.device": "cpu"}
-    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.accum_steps": 2}.items()]),
-          tmp_path / "one")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", "29537", "-m", "atencion", "train", "configs/reference.yaml",
-                    *args, "--set", "train.accum_steps=1", "--out", str(tmp_path / "two")],
-                   check=True, env=env, cwd=ROOT, capture_output=True)
-    one = weights(list_checkpoints(tmp_path / "one" / "checkpoints")[-1])
-    two = weights(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
+    one_dir, two_dir = one_and_two_processes(settings, tmp_path, 29537)
+    one, two = weights(one_dir), weights(two_dir)
     assert any("experts" in name for name in one)
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)

@@ -51,6 +51,20 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "model.safetensors"))
 
 
+def one_and_two_processes(settings: dict, out: Path, port: int) -> tuple[Path, Path]:
+    """Train ``settings`` (config keys → values) twice: one process accumulating 2 micro-batches
+    (out/one), then torchrun with 2 CPU processes (gloo) of 1 micro-batch each (out/two); return
+    the last checkpoint of each."""
+    train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.accum_steps": 2}.items()]), out / "one")
+    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_port", str(port), "-m", "atencion", "train", "configs/reference.yaml",
+                    *args, "--set", "train.accum_steps=1", "--out", str(out / "two")],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parent.parent,
+                   capture_output=True)
+    return tuple(list_checkpoints(out / name / "checkpoints")[-1] for name in ("one", "two"))
+
+
 def test_label_smoothed_loss_matches_torch_and_ignores_padding():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 5, 11, generator=g)
@@ -144,16 +158,7 @@ def test_two_processes_equal_one_process_with_the_same_total_batch(tmp_path):
                 "model.n_heads": 2, "model.dropout": 0.0, "train.max_tokens": 256, "train.warmup": 20,
                 "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False,
                 "train.threads": 1, "train.max_steps": 5, "train.device": "cpu"}
-    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.accum_steps": 2}.items()]),
-          tmp_path / "one")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", "29531", "-m", "atencion", "train", "configs/reference.yaml",
-                    *args, "--set", "train.accum_steps=1", "--out", str(tmp_path / "two")],
-                   check=True, env=env, cwd=Path(__file__).parent.parent, capture_output=True)
-    one = weights(list_checkpoints(tmp_path / "one" / "checkpoints")[-1])
-    two = weights(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
+    one, two = map(weights, one_and_two_processes(settings, tmp_path, 29531))
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)
 

@@ -85,7 +85,8 @@ KEYS = {f.name: f.default for f in fields(LoraSpec)}  # the keys of train.lora, 
 
 
 class LoRALinear(nn.Module):
-    """``base(x) + scaling · B(A(dropout(x)))`` over a frozen ``nn.Linear``."""
+    """Hu et al. (2021), eq. 3: h = W₀x + ΔW x = W₀x + B A x, here ``base(x) + scaling ·
+    B(A(dropout(x)))`` over a frozen ``nn.Linear`` (scaling α / r, §4.1)."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
         super().__init__()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -479,9 +480,7 @@ class Transformer(nn.Module):
         if bad:
             raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
         atomic_write_bytes(directory / ADAPTERS_FILE, save(tensors))
-        record = {"base": info.base, "base_sha256": info.base_sha256, "rank": info.spec.rank,
-                  "alpha": info.spec.alpha, "dropout": info.spec.dropout, "targets": info.spec.targets,
-                  "modules": info.modules}
+        record = {"base": info.base, "base_sha256": info.base_sha256, **asdict(info.spec), "modules": info.modules}
         atomic_write_text(directory / LORA_FILE, json.dumps(record, indent=2) + "\n")
         atomic_write(directory / CONFIG_FILE, self.cfg.save)
 
