@@ -2,13 +2,14 @@
 train, decode, score, serve and inspect."""
 
 from .config import ModelConfig
+from .nn.model import Model, load_model
 from .nn.transformer import Transformer
 
-__all__ = ["ModelConfig", "Transformer", "load"]
+__all__ = ["Model", "ModelConfig", "Transformer", "load"]
 __version__ = "0.1.0"
 
 
-def load(directory, map_location="cpu") -> Transformer:
+def load(directory, map_location="cpu") -> Model:
     """The model saved in ``directory`` (config.json + model.safetensors), whatever its ``arch``:
-    an encoder-decoder, an encoder (BERT-style) or a decoder (GPT-style)."""
-    return Transformer.load(directory, map_location)
+    an encoder-decoder, an encoder (BERT-style), a decoder (GPT-style) or an RNN encoder-decoder."""
+    return load_model(directory, map_location)

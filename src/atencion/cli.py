@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .allocator import keep_freed_memory
+from .config import TWO_STACKS
 from .errors import AtencionError, Interrupted
 from .fileio import need_dir, need_file, need_output_dir, need_output_file
 
@@ -415,7 +416,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     An option for another kind of model is refused."""
     from .config import ModelConfig
     from .lm import KINDS, model_task
-    from .nn.transformer import CONFIG_FILE
+    from .nn.model import CONFIG_FILE
 
     model_dir = need_dir(args.model, "--model")
     task = model_task(ModelConfig.load(model_dir / CONFIG_FILE))
@@ -511,9 +512,9 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
 
 # The options of `atencion attention` that only some architectures take: the archs, and what the option is.
 ATTENTION_OPTIONS = {
-    "tgt": (("encoder-decoder",), "teacher-forces a translation's target, for its cross-attention and alignment"),
-    "shift": (("encoder-decoder",), "picks a translation's cross-attention rows, for its alignment"),
-    "beam": (("encoder-decoder",), "is the beam of the translation shown (a GPT generates greedily: "
+    "tgt": (TWO_STACKS, "teacher-forces a translation's target, for its cross-attention and alignment"),
+    "shift": (TWO_STACKS, "picks a translation's cross-attention rows, for its alignment"),
+    "beam": (TWO_STACKS, "is the beam of the translation shown (a GPT generates greedily: "
                                    "--max-new-tokens)"),
     "max_new_tokens": (("decoder",), "is the number of tokens a GPT generates after --text"),
 }
@@ -538,7 +539,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
         if getattr(args, name) not in (None, 0) and arch not in archs:
             raise AtencionError(f"--{name.replace('_', '-')} {what}; this model is {ARCH_NAMES[arch]}, so it "
                                 f"does not apply")
-    if arch == "encoder-decoder":
+    if arch in TWO_STACKS:
         decode = DecodeConfig() if args.beam is None else DecodeConfig(beam=args.beam)
         summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt, args.words,
                                          args.shift or "predict", decode, args.max_tokens)

@@ -17,14 +17,17 @@ class ModelConfig:
     """Hyper-parameters of a Transformer of the family, named as in the paper.
 
     ``arch`` is the paper's ``encoder-decoder`` (the default), ``encoder`` (BERT: bidirectional
-    self-attention, a masked-LM head) or ``decoder`` (GPT: causal self-attention, no
-    cross-attention, a tied LM head). ``vocab_size`` is the source vocabulary (and the target
+    self-attention, a masked-LM head), ``decoder`` (GPT: causal self-attention, no
+    cross-attention, a tied LM head) or ``rnn``, the recurrent encoder-decoder the Transformer
+    replaced (nn/rnn.py; its settings in ``rnn``, and of the fields below it reads the
+    vocabularies, ``n_layers``, ``n_decoder_layers``, ``d_model``, ``dropout``, the embedding
+    flags and the token ids). ``vocab_size`` is the source vocabulary (and the target
     one unless ``tgt_vocab_size`` is set). ``n_layers`` is the paper's N for the encoder, and for
     the decoder unless ``n_decoder_layers`` is set.
     """
 
     vocab_size: int
-    arch: str = "encoder-decoder"          # "encoder-decoder" | "encoder" (BERT) | "decoder" (GPT)
+    arch: str = "encoder-decoder"          # "encoder-decoder" | "encoder" (BERT) | "decoder" (GPT) | "rnn"
     tgt_vocab_size: int | None = None
     n_layers: int = 6                      # N
     n_decoder_layers: int | None = None
@@ -59,6 +62,8 @@ class ModelConfig:
     labels: list[str] | None = None        # the classification head's label names, in logit order
     moe: dict[str, Any] | None = None      # mixture of experts in place of the FFN: {experts, top_k,
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
+    rnn: dict[str, Any] | None = None      # arch rnn: {cell, hidden, bidirectional, decoder_hidden, bridge,
+                                           # attention, score, input_feeding} (RNN_DEFAULTS, nn/rnn.py)
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -99,7 +104,7 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise AtencionError(f"{key} must be an integer >= 0, got {value!r}")
-        if self.arch != "encoder-decoder" and (self.tgt_vocab_size is not None or self.n_decoder_layers is not None):
+        if self.arch not in TWO_STACKS and (self.tgt_vocab_size is not None or self.n_decoder_layers is not None):
             raise AtencionError(f"arch {self.arch!r} has one stack and one vocabulary: tgt_vocab_size and "
                                 f"n_decoder_layers are for arch 'encoder-decoder'")
         if self.arch != "encoder" and self.type_vocab_size:
@@ -120,7 +125,16 @@ class ModelConfig:
                 f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
             )
         if self.moe is not None:
+            if self.arch == "rnn":
+                raise AtencionError("moe replaces a Transformer's feed-forward layers; arch 'rnn' has none")
             self.moe = _moe_settings(self.moe, self._stack_depths())
+        if self.arch == "rnn":
+            if self.num_labels:
+                raise AtencionError("num_labels (a classification head) needs arch 'encoder' or 'decoder', not 'rnn'")
+            self.rnn = _rnn_settings({} if self.rnn is None else self.rnn, self.d_model)
+        elif self.rnn is not None:
+            raise AtencionError(f"rnn holds the settings of arch 'rnn'; this model's arch is {self.arch!r} "
+                                f"(set arch: rnn, or remove rnn)")
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -145,7 +159,7 @@ class ModelConfig:
 
     def _stack_depths(self) -> list[int]:
         """The number of layers of each stack the arch has."""
-        return [self.n_layers, self.decoder_layers] if self.arch == "encoder-decoder" else [self.n_layers]
+        return [self.n_layers, self.decoder_layers] if self.arch in TWO_STACKS else [self.n_layers]
 
     # presets ---------------------------------------------------------------------------------
 
@@ -176,6 +190,8 @@ class ModelConfig:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
         floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
+        if isinstance(values.get("rnn"), dict):
+            values["rnn"] = dict(values["rnn"])
         if isinstance(values.get("moe"), dict):
             values["moe"] = dict(values["moe"])
             floats += [(values["moe"], key) for key in ("aux_loss_weight", "capacity_factor")]
@@ -200,7 +216,8 @@ class ModelConfig:
         return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
-ARCHS = ("encoder-decoder", "encoder", "decoder")
+ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
+TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
 
 _BERT = dict(arch="encoder", activation="gelu", positional="learned", max_positions=512, type_vocab_size=2,
              embedding_norm=True, layer_norm_eps=1e-12, scale_embedding=False, dropout=0.1)
@@ -265,6 +282,64 @@ def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
     if settings["layers"] == "every_other" and max(depths) < 2:
         raise AtencionError("moe.layers every_other puts experts in layers 1, 3, ... (counting from 0), but no "
                             "stack has a second layer; use moe.layers: all")
+    return settings
+
+
+RNN_DEFAULTS: dict[str, Any] = {"cell": "gru", "hidden": None, "bidirectional": True, "decoder_hidden": None,
+                                "bridge": True, "attention": "bahdanau", "score": None, "input_feeding": None}
+RNN_SCORES = {"bahdanau": ("additive",), "luong": ("general", "dot")}   # the first is the default
+
+
+def _rnn_settings(rnn: Any, d_model: int) -> dict[str, Any]:
+    """``rnn`` checked and completed (so config.json names every setting): ``cell`` ("gru" or
+    "lstm"), ``hidden`` (the encoder's units per direction; default d_model), ``bidirectional``
+    (the encoder), ``decoder_hidden`` (default d_model), ``bridge`` (a tanh layer from the
+    encoder's final states to the decoder's first; without it they must have one size),
+    ``attention`` ("none", "bahdanau" or "luong"), ``score`` (Luong's "general" or "dot";
+    Bahdanau's is "additive"), ``input_feeding`` (Luong's; default true with luong)."""
+    known = [*RNN_DEFAULTS, "decoder_bidirectional"]
+    if not isinstance(rnn, dict):
+        raise AtencionError(f"rnn must be a mapping with the keys {known[:-1]} (or null), got {rnn!r}")
+    unknown = sorted(str(key) for key in set(rnn) - set(known))
+    if unknown:
+        raise AtencionError(f"rnn.{unknown[0]} is not a setting of rnn; its keys are {known[:-1]}")
+    if rnn.get("decoder_bidirectional", False) is not False:
+        raise AtencionError("rnn.decoder_bidirectional: a decoder writes left to right and cannot read the words it "
+                            "has not written yet; only the encoder can be bidirectional (rnn.bidirectional)")
+    settings = {**RNN_DEFAULTS, **{key: value for key, value in rnn.items() if key != "decoder_bidirectional"}}
+    _require_choice("rnn.cell", settings["cell"], ("gru", "lstm"))
+    _require_choice("rnn.attention", settings["attention"], ("none", "bahdanau", "luong"))
+    for key in ("hidden", "decoder_hidden"):
+        settings[key] = d_model if settings[key] is None else settings[key]
+        _require_positive_int(f"rnn.{key}", settings[key])
+    for key in ("bidirectional", "bridge"):
+        if not isinstance(settings[key], bool):
+            raise AtencionError(f"rnn.{key} must be true or false, got {settings[key]!r}")
+    kind = settings["attention"]
+    scores = RNN_SCORES.get(kind, ())
+    if settings["score"] is None:
+        settings["score"] = scores[0] if scores else None
+    elif not scores:
+        raise AtencionError("rnn.score: attention 'none' scores nothing; remove rnn.score")
+    else:
+        _require_choice(f"rnn.score (of attention {kind!r})", settings["score"], scores)
+    feeding = settings["input_feeding"]
+    if feeding is None:
+        settings["input_feeding"] = kind == "luong"
+    elif not isinstance(feeding, bool):
+        raise AtencionError(f"rnn.input_feeding must be true or false, got {feeding!r}")
+    elif feeding and kind != "luong":
+        fed = "its context by construction" if kind == "bahdanau" else "none"
+        raise AtencionError(f"rnn.input_feeding is Luong's (the last attentional vector fed to the next step); "
+                            f"attention {kind!r} feeds {fed}: use attention: luong or input_feeding: false")
+    memory = settings["hidden"] * (2 if settings["bidirectional"] else 1)
+    if not settings["bridge"] and memory != settings["decoder_hidden"]:
+        raise AtencionError(f"rnn.decoder_hidden ({settings['decoder_hidden']}) must equal the encoder's final state "
+                            f"({memory}: rnn.hidden {settings['hidden']} x {2 if settings['bidirectional'] else 1} "
+                            f"direction(s)) without a bridge; set rnn.bridge: true or make the sizes match")
+    if settings["score"] == "dot" and memory != settings["decoder_hidden"]:
+        raise AtencionError(f"rnn.score 'dot' multiplies the decoder state ({settings['decoder_hidden']}) with the "
+                            f"encoder states ({memory}): the sizes must match; use score: general")
     return settings
 
 

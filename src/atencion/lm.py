@@ -28,7 +28,7 @@ from .train.tasks import Masker, classify_logits, classify_scores, lm_scores, ml
 
 # what a model is, and what it can do ------------------------------------------------------------
 
-KINDS = {"translate": "a translator (arch encoder-decoder)", "lm": "a language model (arch decoder)",
+KINDS = {"translate": "a translator (arch encoder-decoder or rnn)", "lm": "a language model (arch decoder)",
          "mlm": "a masked language model (arch encoder)", "classify": "a classifier (a classification head)"}
 USES = {"translate": "translate", "lm": "generate", "mlm": "fill-mask", "classify": "classify"}
 
@@ -54,7 +54,7 @@ def can_classify(model, tokenizer: Tokenizer) -> bool:
 
 
 CAN = {"generate": can_generate, "fill-mask": can_fill_mask, "classify": can_classify}
-NEEDS = {"translate": "a translator (arch encoder-decoder)", "generate": "a decoder-only model (arch decoder)",
+NEEDS = {"translate": "a translator (arch encoder-decoder or rnn)", "generate": "a decoder-only model (arch decoder)",
          "fill-mask": "an encoder (arch encoder) whose vocabulary has <mask> (task mlm)",
          "classify": "a model with a classification head (task classify)"}
 

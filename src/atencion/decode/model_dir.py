@@ -11,16 +11,16 @@ from ..devices import resolve_device
 from ..errors import AtencionError
 from ..fileio import json_line, need_dir
 from ..nn.lora import merge_lora
-from ..nn.transformer import CONFIG_FILE, Transformer
+from ..nn.model import CONFIG_FILE, Model, load_model
 
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
-                   what: str = "--model", merge: bool = True) -> tuple[Transformer, Tokenizer]:
+                   what: str = "--model", merge: bool = True) -> tuple[Model, Tokenizer]:
     """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
     the option it came from in messages. The tokenizer's vocabularies must be the model's. The
     LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
     path = need_dir(path, what)
-    model = Transformer.load(path, map_location=resolve_device(device)).eval()
+    model = load_model(path, map_location=resolve_device(device)).eval()
     if merge:
         merge_lora(model)
     tokenizer = Tokenizer.load(path)
@@ -32,7 +32,7 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     return model, tokenizer
 
 
-def check_vocabularies(path: Path, model: Transformer, tokenizer: Tokenizer) -> None:
+def check_vocabularies(path: Path, model: Model, tokenizer: Tokenizer) -> None:
     cfg = model.cfg
     for side, pieces, key, size in (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),
                                      ("target", tokenizer.tgt_vocab_size, "tgt_vocab_size", cfg.target_vocab_size)):

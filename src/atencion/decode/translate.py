@@ -10,7 +10,7 @@ import torch
 from ..data.batching import token_batches
 from ..data.tokenizer import Tokenizer
 from ..errors import AtencionError
-from ..nn.transformer import Transformer
+from ..nn.model import Model
 from .search import beam_search, greedy_search
 from .settings import DecodeConfig, decode_config
 
@@ -22,7 +22,7 @@ class Translation:
     tokens: list[int]
 
 
-def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str],
+def translate_lines(model: Model, tokenizer: Tokenizer, lines: list[str],
                     decode: DecodeConfig | None = None, *, nbest: int = 1, max_src_tokens: int = 0,
                     source: str = "input", **settings: Any) -> list[list[Translation]]:
     """The ``nbest`` best translations of every line, in the order of ``lines``, decoded as

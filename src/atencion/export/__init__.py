@@ -83,10 +83,10 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     from ..data.tokenizer import INFO_FILE, Tokenizer
     from ..decode.model_dir import check_vocabularies
     from ..nn.lora import merge_lora
-    from ..nn.transformer import Transformer
+    from ..nn.model import load_model
 
     _writer(fmt)  # an unknown format fails before anything is loaded
-    model = merge_lora(Transformer.load(model_dir))  # a LoRA model is exported with its adapters folded in
+    model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in
     tokenizer = None
     if (Path(model_dir) / INFO_FILE).is_file():
         tokenizer = Tokenizer.load(model_dir)

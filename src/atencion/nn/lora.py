@@ -211,7 +211,7 @@ class LoraInfo:
 
 def weights_checksum(directory: str | os.PathLike) -> str:
     """SHA-256 of a model directory's model.safetensors."""
-    from .transformer import WEIGHTS_FILE
+    from .model import WEIGHTS_FILE
 
     path = Path(directory) / WEIGHTS_FILE
     digest = hashlib.sha256()
@@ -280,7 +280,7 @@ def read_lora_file(directory: Path) -> dict:
 def check_base(directory: Path, record: dict) -> Path:
     """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
     present and with the weights the adapters were trained on."""
-    from .transformer import WEIGHTS_FILE
+    from .model import WEIGHTS_FILE
 
     base = Path(record["base"])
     if not (base / WEIGHTS_FILE).is_file():

@@ -7,7 +7,7 @@ kernels), then is rescaled to float32. Layer norms, softmax, attention scores an
 embeddings stay in float32. The cost in BLEU is measured in docs/results.md; the speed in
 benchmarks/speed.py.
 
-    model = quantize_int8(Transformer.load(path).eval())   # a copy; the original is unchanged
+    model = quantize_int8(load_model(path).eval())   # a copy; the original is unchanged
 
 The quantized copy decodes only (no gradients) and is never saved: quantize after loading.
 """
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import AtencionError
-from .transformer import Generator, Transformer
+from .model import Model
+from .transformer import Generator
 
 
 class Int8Linear(nn.Module):
@@ -55,7 +56,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, int8"
 
 
-def quantize_int8(model: Transformer) -> Transformer:
+def quantize_int8(model: Model) -> Model:
     """A copy of ``model`` (on the CPU, in eval mode) whose linear layers and generator are int8."""
     if next(model.parameters()).device.type != "cpu":
         raise AtencionError("int8 quantization runs on the CPU; load the model with map_location='cpu'")

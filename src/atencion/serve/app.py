@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from .. import lm
+from ..config import TWO_STACKS
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
 from .batching import Batcher, Job, QueueFull, Worker, resolve
@@ -72,7 +73,7 @@ class LoadedModel:
     def endpoints(self) -> list[str]:
         """What the model can answer, the endpoint of its own task first: a translator translates;
         a decoder generates, an encoder with <mask> fills masks, a classification head classifies."""
-        if self.arch == "encoder-decoder":
+        if self.arch in TWO_STACKS:
             return ["translate"]
         can = [e for e in ("generate", "fill-mask", "classify") if lm.CAN[e](self.model, self.tokenizer)]
         return sorted(can, key=lambda e: e != lm.USES[self.task])

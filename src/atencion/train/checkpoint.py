@@ -21,7 +21,7 @@ from ..decode.model_dir import load_model_dir
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text
 from ..nn.lora import merge_lora
-from ..nn.transformer import Transformer
+from ..nn.model import Model, load_model
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
 # A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.
@@ -62,7 +62,7 @@ def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
     return removed
 
 
-def save_checkpoint(path: Path, model: Transformer, tokenizer: Tokenizer, optimizer=None,
+def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer=None,
                     trainer_state: dict[str, Any] | None = None) -> None:
     """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically.
     Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
@@ -133,7 +133,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
     sums = {name: value.double() for name, value in first.state_dict().items() if value.is_floating_point()}
     for path in paths[1:]:
         # the weights only: its tokenizer must be the first's, byte for byte
-        model = merge_lora(Transformer.load(path))
+        model = merge_lora(load_model(path))
         if model.cfg != first.cfg:
             key = next(k for k, v in first.cfg.to_dict().items() if getattr(model.cfg, k) != v)
             raise AtencionError(f"{path / 'config.json'}: {key} is {getattr(model.cfg, key)!r} but "

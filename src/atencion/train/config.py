@@ -22,7 +22,7 @@ from ..nn.lora import LoraSpec
 TASKS = ("translate", "lm", "mlm", "classify")
 # The model a task trains when the config names no preset, and the archs it can train.
 TASK_PRESETS = {"translate": "tiny", "lm": "gpt-tiny", "mlm": "bert-tiny", "classify": "bert-tiny"}
-TASK_ARCHS = {"translate": ("encoder-decoder",), "lm": ("decoder",), "mlm": ("encoder",),
+TASK_ARCHS = {"translate": ("encoder-decoder", "rnn"), "lm": ("decoder",), "mlm": ("encoder",),
               "classify": ("encoder", "decoder")}
 # What early stopping watches when the config does not say (higher is better for bleu and accuracy).
 TASK_METRICS = {"translate": "bleu", "lm": "loss", "mlm": "loss", "classify": "accuracy"}

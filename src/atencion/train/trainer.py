@@ -30,8 +30,8 @@ from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
 from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_checksum
+from ..nn.model import Model, build_model
 from ..nn.moe import RoutingStats, moe_aux_loss
-from ..nn.transformer import Transformer
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
 from .schedule import learning_rate
@@ -136,7 +136,7 @@ class Trainer:
                                          **self.task.model_values())
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
-        self.model = Transformer(model_cfg).to(self.device)
+        self.model = build_model(model_cfg).to(self.device)
         new_head = []
         if start is not None:
             new_head = self.model.start_from(start, f"train.init_from {t.init_from}")
@@ -471,7 +471,7 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
     return model_cfg
 
 
-def _check_lora_base(start: Transformer, cfg: TrainConfig) -> None:
+def _check_lora_base(start: Model, cfg: TrainConfig) -> None:
     """Before anything is written: the base of a LoRA run holds plain weights, and the targets
     and rank of train.lora fit it."""
     init_from = Path(cfg.train.init_from)
@@ -482,7 +482,7 @@ def _check_lora_base(start: Transformer, cfg: TrainConfig) -> None:
     select_targets(start, LoraSpec.from_config(cfg.train.lora))
 
 
-def _same_lora(saved: Transformer, lora: dict | None, checkpoint: Path) -> None:
+def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:
     """--resume must rebuild the adapters it saved (or none)."""
     had = None if saved.lora is None else saved.lora.spec
     given = None if lora is None else LoraSpec.from_config(lora)

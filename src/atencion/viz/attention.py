@@ -31,6 +31,10 @@ row reduction, only on the column one.
 AER (Och and Ney 2003): AER = 1 − (|A∩S| + |A∩P|) / (|A| + |S|) for predicted links A, sure
 links S and possible links P ⊇ S; with one gold set, P = S and AER = 1 − F1.
 
+An RNN encoder-decoder (arch rnn, nn/rnn.py) has one attention, its decoder's over the encoder
+states: α_{t,i} is its cross-attention, one layer of one head, read, aligned and scored as the
+Transformer's; it has no self-attention maps. With ``attention: none`` it has no map at all.
+
 Single-stack models have self-attention only (``capture_self_attention``), and so neither
 alignment nor AER. A GPT (arch decoder) reads the tokens of a text as they are, as its language
 model's stream has them, and what it generates greedily after them; its maps are causal. A BERT
@@ -49,6 +53,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..config import TWO_STACKS
 from ..decode.sample import generate_ids
 from ..errors import AtencionError
 
@@ -63,7 +68,8 @@ SHIFTS = ("predict", "input")
 REDUCTIONS = {"sum": np.sum, "mean": np.mean}
 WORD_START = "▁"
 VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}   # a character tokenizer's whitespace, made visible
-ARCH_NAMES = {"encoder-decoder": "an encoder-decoder (a translator)", "decoder": "a decoder-only model (GPT)",
+ARCH_NAMES = {"encoder-decoder": "an encoder-decoder (a translator)", "rnn": "an RNN encoder-decoder (a translator)",
+              "decoder": "a decoder-only model (GPT)",
               "encoder": "an encoder-only model (BERT)"}
 
 Link = tuple[int, int]   # (source word, target word), 0-based, as in Pharaoh "i-j"
@@ -95,17 +101,18 @@ class AttentionMap:
 
 @dataclass(frozen=True)
 class Attention:
-    """Every attention map of one (source, target) pair, as one teacher-forced pass computed it."""
+    """Every attention map of one (source, target) pair, as one teacher-forced pass computed it
+    (an RNN encoder-decoder has the cross-attention map only: ``encoder`` and ``decoder`` None)."""
 
     src: str
     tgt: str
     shift: str
-    encoder: AttentionMap
-    decoder: AttentionMap
+    encoder: AttentionMap | None
+    decoder: AttentionMap | None
     cross: AttentionMap
 
     def maps(self) -> dict[str, AttentionMap]:
-        return {kind: getattr(self, kind) for kind in KINDS}
+        return {kind: getattr(self, kind) for kind in KINDS if getattr(self, kind) is not None}
 
     def to_words(self, rows: str = "mean", cols: str = "sum") -> "Attention":
         return replace(self, **{kind: amap.to_words(rows, cols) for kind, amap in self.maps().items()})
@@ -132,9 +139,12 @@ class SelfAttention:
 def require_cross_attention(model, what: str) -> None:
     """Refuse a single-stack model where cross-attention is needed; ``what`` starts the message."""
     arch = model.cfg.arch
-    if arch != "encoder-decoder":
+    if arch not in TWO_STACKS:
         raise AtencionError(f"{what} needs the cross-attention of an encoder-decoder (a translator); this model is "
                             f"{ARCH_NAMES.get(arch, repr(arch))}, which has self-attention only")
+    if arch == "rnn" and model.cfg.rnn["attention"] == "none":
+        raise AtencionError(f"{what} needs attention weights; this RNN encoder-decoder has rnn.attention 'none': its "
+                            f"decoder reads one summary vector of the source, and attends to nothing")
 
 
 def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: str = "predict") -> Attention:
@@ -159,16 +169,16 @@ def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: s
     model.eval()
     with torch.no_grad():
         _, attn = model(src_tensor, tgt_tensor, return_attention=True)
-    weights = {kind: torch.stack(attn[kind])[:, 0].float().cpu().numpy() for kind in KINDS}
+    weights = {kind: torch.stack(attn[kind])[:, 0].float().cpu().numpy() for kind in KINDS if attn[kind]}
 
     src_tokens = [tokenizer.src.id_to_piece(i) for i in src_ids] + [EOS]
     tgt_pieces = [tokenizer.tgt.id_to_piece(i) for i in tgt_ids]
     tgt_inputs = [BOS] + tgt_pieces
     cross_rows = tgt_pieces + [EOS] if shift == "predict" else tgt_inputs
-    return Attention(src, tgt_text, shift,
-                     AttentionMap("encoder", weights["encoder"], src_tokens, src_tokens),
-                     AttentionMap("decoder", weights["decoder"], tgt_inputs, tgt_inputs),
-                     AttentionMap("cross", weights["cross"], cross_rows, src_tokens))
+    encoder = AttentionMap("encoder", weights["encoder"], src_tokens, src_tokens) if "encoder" in weights else None
+    decoder = AttentionMap("decoder", weights["decoder"], tgt_inputs, tgt_inputs) if "decoder" in weights else None
+    return Attention(src, tgt_text, shift, encoder, decoder, AttentionMap("cross", weights["cross"], cross_rows,
+                                                                          src_tokens))
 
 
 def token_label(tokenizer, i: int) -> str:
@@ -356,7 +366,7 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
             raise AtencionError(f"{names[2]} line {k + 1}: link {i}-{j} points past the sentence pair, which has "
                                 f"{words[0]} source and {words[1]} target words (positions from 0)")
         links.append((s, p))
-    n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
+    n_layers, n_heads = (1, 1) if model.cfg.arch == "rnn" else (model.cfg.decoder_layers, model.cfg.n_heads)
     layer_links: list[list[set[Link]]] = [[] for _ in range(n_layers)]
     head_links = [[[] for _ in range(n_heads)] for _ in range(n_layers)]
     mean_links, sure, possible = [], [], []

@@ -63,6 +63,8 @@ def bertviz_data(attention: Attention | SelfAttention) -> dict[str, Any]:
     maps = attention.maps()
     data = {f"{kind}_attention": layers(amap) for kind, amap in maps.items()}
     data.update({f"{kind}_tokens": maps[kind].rows for kind in ("encoder", "decoder") if kind in maps})
+    if "cross" in maps and "encoder" not in maps:  # an RNN's one map: its keys are the source's tokens
+        data.update(encoder_tokens=maps["cross"].cols, decoder_tokens=maps["cross"].rows)
     return data
 
 
