@@ -31,6 +31,25 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     }
 
 
+def score_by_length(sources: list[str], hypotheses: list[str], references: list[str],
+                    buckets: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """``score`` of the sentences whose source has ``low`` to ``high`` words (both included), per
+    bucket (low, high): its sentences, their exact-match rate, and the scores; an empty bucket
+    is left out. Quality against length: Bahdanau et al. (2015), Figure 2."""
+    if not len(sources) == len(hypotheses) == len(references):
+        raise AtencionError(f"{len(sources)} sources, {len(hypotheses)} hypotheses and {len(references)} "
+                            f"references: they must be aligned line by line")
+    rows = []
+    for low, high in buckets:
+        index = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+        if index:
+            hyps, refs = [hypotheses[i] for i in index], [references[i] for i in index]
+            exact = sum(h == r for h, r in zip(hyps, refs)) / len(index)
+            rows.append({"words": f"{low}-{high}", "sentences": len(index), "exact_match": round(exact, 4),
+                         **score(hyps, refs)})
+    return rows
+
+
 def raw_score(hypotheses: list[str], raw_references: list[str], lang: str,
               recase_from: list[str] | None = None) -> tuple[dict[str, float], list[str]]:
     """Score tokenized lower-cased ``hypotheses`` against raw (cased, untokenized) references:
