@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="runs/multi30k", help="output directory (must not hold a run)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_en_de_tiny.yaml"))
     parser.add_argument("--minutes", type=float, default=0, help="training time limit (0: the config's)")
-    parser.add_argument("--average", type=int, default=10, help="average the last N checkpoints (default: 10)")
+    parser.add_argument("--average", type=int, default=10,
+                        help="average the last N checkpoints (default: 10; 0: no average, the best checkpoint only)")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
     keep_freed_memory()  # as the atencion commands do
     summary = train(cfg, out / "run")
 
-    checkpoints = list_checkpoints(out / "run" / "checkpoints")[-args.average:]
-    average_checkpoints(checkpoints, out / "averaged")
+    checkpoints = list_checkpoints(out / "run" / "checkpoints")[-args.average:] if args.average else []
+    if checkpoints:
+        average_checkpoints(checkpoints, out / "averaged")
     test_src = tok / f"test_2016_flickr.lc.norm.tok.{args.src}.gz"
     test_ref = tok / f"test_2016_flickr.lc.norm.tok.{args.tgt}.gz"
     raw = Path(args.data) / "raw"
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     if (raw / f"test_2016_flickr.{args.tgt}.gz").is_file() and (raw / f"train.{args.tgt}.gz").is_file():
         raw_options = {"raw_ref": raw / f"test_2016_flickr.{args.tgt}.gz", "recase_from": raw / f"train.{args.tgt}.gz"}
     result = {"pair": f"{args.src}-{args.tgt}", "train": summary, "averaged_checkpoints": len(checkpoints)}
-    for name, model_dir in (("averaged", out / "averaged"), ("best", summary["best_model"])):
+    for name, model_dir in (("averaged", out / "averaged" if checkpoints else None), ("best", summary["best_model"])):
         if model_dir is None:
             continue
         scores = evaluate(model_dir, test_src, test_ref, DecodeConfig(beam=args.beam, alpha=args.alpha),
