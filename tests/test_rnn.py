@@ -325,3 +325,48 @@ def test_the_demo_config_builds_a_gru_with_bahdanau_attention():
     built = cfg.model_config(400, None)
     assert built.arch == "rnn" and built.rnn["cell"] == "gru" and built.rnn["attention"] == "bahdanau"
     assert isinstance(build_model(built), RNNSeq2Seq)
+
+
+def test_scores_by_source_length_group_sentences_by_their_source_words():
+    from atencion.evaluate import score_by_length
+
+    sources = ["a b c d", "a b c d e", "a b c d e f g", "a b c d e f g h i j k l"]
+    refs = ["x y z w", "x y z w v", "x y z w v u t", "x y z w v u t s r q p o"]
+    hyps = ["x y z w", "x y z w v", "x y z w v u q", "no"]
+    rows = score_by_length(sources, hyps, refs, [(1, 5), (6, 9), (10, 20), (21, 30)])
+    assert [(r["words"], r["sentences"], r["exact_match"]) for r in rows] == [("1-5", 2, 1.0), ("6-9", 1, 0.0),
+                                                                              ("10-20", 1, 0.0)]
+    assert rows[0]["bleu"] == 100.0 and rows[2]["bleu"] == 0.0 and 0 < rows[1]["bleu"] < 100
+    with pytest.raises(AtencionError, match="aligned line by line"):
+        score_by_length(sources, hyps[:3], refs, [(1, 3)])
+
+
+def test_the_server_translates_with_an_rnn_and_shows_its_one_attention(trained, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from atencion.decode import DecodeConfig
+    from atencion.decode.translate import translate_lines
+    from atencion.serve.app import LoadedModel, ServeSettings, create_app
+    from atencion.train.checkpoint import save_checkpoint
+
+    tmp, _ = trained
+    model_dir = tmp / "run" / "checkpoints" / "step_00000150"
+    model, tokenizer = load_model_dir(model_dir)
+    # no attention: its maps are refused, its translations are not
+    blind = build_model(ModelConfig(vocab_size=tokenizer.src_vocab_size, arch="rnn", d_model=32, n_layers=1,
+                                    rnn={"attention": "none"}))
+    save_checkpoint(tmp_path / "blind", blind, tokenizer)
+    served = [LoadedModel("rnn", str(model_dir), model, tokenizer),
+              LoadedModel("blind", str(tmp_path / "blind"), *load_model_dir(tmp_path / "blind"))]
+    with TestClient(create_app(served)) as client:
+        r = client.post("/translate", json={"model": "rnn", "sentences": ["uno dos tres"], "beam": 3,
+                                            "attention": True})
+        assert r.status_code == 200, r.text
+        (item,) = r.json()["translations"]
+        assert item["text"] == translate_lines(model, tokenizer, ["uno dos tres"], DecodeConfig(beam=3))[0][0].text
+        assert set(item["attention"]["pieces"]) == {"cross"} and item["attention"]["alignment"] == [[0, 2], [1, 1],
+                                                                                                    [2, 0]]
+        assert client.get("/info").json()["models"][0]["arch"] == "rnn"
+        r = client.post("/translate", json={"model": "blind", "sentences": ["uno"], "attention": True})
+        assert r.status_code == 422 and "attention 'none'" in r.text
+        assert client.post("/translate", json={"model": "blind", "sentences": ["uno"]}).status_code == 200

@@ -241,6 +241,13 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
                 raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of "
                                    f"{settings.max_tokens}")
             tokens += pieces + 1
+        if body.attention:
+            from ..viz.attention import require_cross_attention
+
+            try:
+                require_cross_attention(m.model, "attention: true")
+            except AtencionError as err:
+                raise Refused(422, str(err)) from None
         decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
