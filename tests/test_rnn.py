@@ -346,7 +346,7 @@ def test_the_server_translates_with_an_rnn_and_shows_its_one_attention(trained, 
 
     from atencion.decode import DecodeConfig
     from atencion.decode.translate import translate_lines
-    from atencion.serve.app import LoadedModel, ServeSettings, create_app
+    from atencion.serve.app import LoadedModel, create_app
     from atencion.train.checkpoint import save_checkpoint
 
     tmp, _ = trained
