@@ -215,6 +215,17 @@ def test_save_and_load_give_the_same_model_and_the_same_outputs(tmp_path):
         Transformer.load(tmp_path / "m")
 
 
+def test_the_exporters_and_to_hf_refuse_an_rnn_in_one_line(tmp_path):
+    from atencion.export import export
+    from atencion.interop import to_hf
+
+    model = rnn_model()
+    with pytest.raises(AtencionError, match="arch='rnn'"):
+        export(model, tmp_path / "ct2", "ctranslate2")
+    with pytest.raises(AtencionError, match="arch 'rnn'"):
+        to_hf(model)
+
+
 # the pipeline ---------------------------------------------------------------------------------
 
 RNN_SETTINGS = {"model.arch": "rnn", "model.d_model": 32, "model.n_layers": 1, "model.rnn.hidden": 32,

@@ -33,6 +33,9 @@ def to_hf(model, family: str | None = None):
     learned positions, Marian for the paper's translator, T5 for a T5-style translator; or the
     ``family`` named (a module of IMPORTERS, e.g. "t5")."""
     cfg = model.cfg
+    if cfg.arch == "rnn":
+        raise AtencionError("to_hf: arch 'rnn' (the RNN encoder-decoder) has no Hugging Face class to become; "
+                            "the classes of interop are Transformers")
     if cfg.moe is not None:
         raise AtencionError("to_hf: moe (mixture-of-experts feed-forward layers) cannot be expressed by the "
                             "Hugging Face classes of interop, which have one dense feed-forward network per layer")
