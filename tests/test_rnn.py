@@ -107,6 +107,27 @@ def test_luong_scores_are_dot_products_with_the_state_or_with_W_a_h():
     torch.testing.assert_close(general.energies(s, general.keys(h)), torch.tensor([[[4.5, -0.5]]]))
 
 
+@pytest.mark.parametrize("kind", ["bahdanau", "luong"])
+def test_each_step_reads_what_its_paper_feeds_it(kind):
+    """Bahdanau: the recurrent input is [E y_{t-1}; c_t] with c_t = Σ α h; Luong with input
+    feeding: [E y_{t-1}; h̃_{t-1}], h̃ being the output o of the step before (zeros first)."""
+    model = rnn_model(attention=kind)
+    src, tgt = batch()
+    inputs = []
+    handle = model.decoder.rnn.register_forward_hook(lambda module, args, out: inputs.append(args[0]))
+    with torch.no_grad():
+        _, attention = model(src, tgt, return_attention=True)
+        outputs = model(src, tgt, project=False)
+    handle.remove()
+    inputs = torch.cat(inputs[: tgt.size(1)], dim=1)[..., model.cfg.d_model:]  # the first pass, past E y
+    if kind == "bahdanau":
+        memory, _ = model.encode(src)
+        torch.testing.assert_close(inputs, attention["cross"][0][:, 0] @ memory)
+    else:
+        torch.testing.assert_close(inputs[:, 0], torch.zeros_like(inputs[:, 0]))
+        torch.testing.assert_close(inputs[:, 1:], outputs[:, :-1])
+
+
 def test_bahdanau_attends_from_the_previous_state():
     """α_1 comes from s_0, the state the bridge makes from the summary, before any word is read."""
     model = rnn_model(attention="bahdanau")
@@ -139,6 +160,15 @@ def test_attention_rows_sum_to_one_and_padding_changes_nothing(name):
         torch.testing.assert_close(alone_attention["cross"][0][0, ..., :length], alpha[i, ..., :length])
 
 
+def test_a_source_of_padding_alone_gives_finite_logits_and_no_attention_weight():
+    model = rnn_model(attention="bahdanau")
+    src, tgt = batch()
+    src[0] = 0
+    with torch.no_grad():
+        logits, attention = model(src, tgt, return_attention=True)
+    assert bool(torch.isfinite(logits).all()) and bool((attention["cross"][0][0] == 0).all())
+
+
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_without_attention_the_decoder_sees_only_the_final_encoder_state(bidirectional):
     model = rnn_model(attention="none", bidirectional=bidirectional)
@@ -160,6 +190,8 @@ def test_without_attention_the_decoder_sees_only_the_final_encoder_state(bidirec
     if bidirectional:
         changed[0, 0, :half] += 1.0                     # the first token: its forward half
         changed[0, 4, half:] += 1.0                     # the last token: its backward half
+    else:
+        changed[0, 0] += 1.0                            # the first token too
     torch.testing.assert_close(decode(changed), reference, atol=0, rtol=0)
     summary = memory.clone()
     summary[0, 4, :half] += 1.0                         # the last token's forward state is the summary
@@ -176,6 +208,12 @@ def test_without_attention_the_decoder_sees_only_the_final_encoder_state(bidirec
     ({"cell": "lstn"}, "rnn.cell"),
     ({"attention": "additive"}, "rnn.attention"),
     ({"layers": 2}, "rnn.layers"),
+    ({"bidirectional": "yes"}, "rnn.bidirectional"),
+    ({"bridge": 1}, "rnn.bridge"),
+    ({"attention": "luong", "input_feeding": "no"}, "rnn.input_feeding"),
+    ({"hidden": 0}, "rnn.hidden"),
+    ({"attention": "none", "score": "dot"}, "rnn.score"),
+    ("gru", "rnn must be a mapping"),
 ])
 def test_bad_rnn_settings_are_one_line_naming_the_key(settings, key):
     with pytest.raises(AtencionError) as err:
@@ -186,8 +224,10 @@ def test_bad_rnn_settings_are_one_line_naming_the_key(settings, key):
 def test_rnn_settings_need_arch_rnn_and_moe_needs_a_transformer():
     with pytest.raises(AtencionError, match="arch 'rnn'"):
         ModelConfig(vocab_size=40, rnn={"attention": "none"})
-    with pytest.raises(AtencionError, match="moe"):
+    with pytest.raises(AtencionError, match="arch 'rnn' has none"):
         ModelConfig(vocab_size=40, arch="rnn", moe={"experts": 2})
+    # an RNN has no heads and no positions: their checks do not apply (620: Bahdanau's embedding size)
+    assert ModelConfig(vocab_size=40, arch="rnn", d_model=620, n_heads=8).rnn["hidden"] == 620
     with pytest.raises(AtencionError, match="RNN encoder-decoder"):
         Transformer(ModelConfig(vocab_size=40, arch="rnn"))
     cfg = ModelConfig(vocab_size=40, arch="rnn", d_model=32, rnn={"attention": "luong"})
@@ -220,8 +260,10 @@ def test_the_exporters_and_to_hf_refuse_an_rnn_in_one_line(tmp_path):
     from atencion.interop import to_hf
 
     model = rnn_model()
-    with pytest.raises(AtencionError, match="arch='rnn'"):
-        export(model, tmp_path / "ct2", "ctranslate2")
+    for fmt in ("ctranslate2", "onnx"):
+        with pytest.raises(AtencionError, match="arch='rnn'") as err:
+            export(model, tmp_path / fmt, fmt)
+        assert "\n" not in str(err.value)
     with pytest.raises(AtencionError, match="arch 'rnn'"):
         to_hf(model)
 
@@ -276,13 +318,24 @@ def test_translate_attention_and_aer_take_an_rnn_model(trained, tmp_path, capsys
     assert attention.encoder is None and attention.decoder is None and set(attention.maps()) == {"cross"}
 
 
-def test_attention_maps_refuse_an_rnn_without_attention(tmp_path, capsys):
-    model = rnn_model(attention="none")
-    model.save(tmp_path / "m")
-    from atencion.viz.attention import require_cross_attention
+def test_attention_maps_and_aer_refuse_an_rnn_without_attention_in_one_line(trained, tmp_path, capsys):
+    from atencion.train.checkpoint import save_checkpoint
 
-    with pytest.raises(AtencionError, match="attention 'none'"):
-        require_cross_attention(model, "AER")
+    tmp, _ = trained
+    _, tokenizer = load_model_dir(tmp / "run" / "checkpoints" / "step_00000150")
+    blind = build_model(ModelConfig(vocab_size=tokenizer.src_vocab_size, arch="rnn", d_model=32, n_layers=1,
+                                    rnn={"attention": "none"}))
+    save_checkpoint(tmp_path / "blind", blind, tokenizer)
+    for name in ("src.txt", "tgt.txt", "align.txt"):
+        (tmp_path / name).write_text({"src.txt": "uno\n", "tgt.txt": "one\n", "align.txt": "0-0\n"}[name])
+    commands = [["attention", "--model", str(tmp_path / "blind"), "--src", "uno", "--out", str(tmp_path / "maps")],
+                ["aer", "--model", str(tmp_path / "blind"), "--src", str(tmp_path / "src.txt"), "--tgt",
+                 str(tmp_path / "tgt.txt"), "--align", str(tmp_path / "align.txt")]]
+    for argv in commands:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "attention 'none'" in err[0], err
+    assert not (tmp_path / "maps").exists()
 
 
 def test_int8_decoding_of_an_rnn_stays_close_to_float32(trained):
@@ -293,6 +346,9 @@ def test_int8_decoding_of_an_rnn_stays_close_to_float32(trained):
         reference = torch.log_softmax(model(src, tgt), -1)
         quantized = torch.log_softmax(quantize_int8(model)(src, tgt), -1)
     assert (quantized - reference).abs().max() < 0.2
+    luong = rnn_model(attention="luong")  # input feeding reads o's width from the config, whatever o's layer is
+    src, _ = batch()
+    assert len(greedy_search(quantize_int8(luong), src, max_len_b=5)) == 3
 
 
 def test_interrupted_and_resumed_rnn_run_ends_with_the_same_weights(tmp_path):

@@ -74,12 +74,12 @@ class ModelConfig:
         for key in ("tgt_vocab_size", "n_decoder_layers"):
             if getattr(self, key) is not None:
                 _require_positive_int(key, getattr(self, key))
-        if self.d_model % self.n_heads != 0:
+        if self.arch != "rnn" and self.d_model % self.n_heads != 0:  # an RNN has no heads and no positions
             raise AtencionError(
                 f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): "
                 f"each of the h heads gets d_k = d_model / h dimensions"
             )
-        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+        if self.arch != "rnn" and self.positional == "sinusoidal" and self.d_model % 2 != 0:
             raise AtencionError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
@@ -106,11 +106,11 @@ class ModelConfig:
                 raise AtencionError(f"{key} must be an integer >= 0, got {value!r}")
         if self.arch not in TWO_STACKS and (self.tgt_vocab_size is not None or self.n_decoder_layers is not None):
             raise AtencionError(f"arch {self.arch!r} has one stack and one vocabulary: tgt_vocab_size and "
-                                f"n_decoder_layers are for arch 'encoder-decoder'")
+                                f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
         _require_choice("positional", self.positional, ("sinusoidal", "learned", "rope", "alibi", "t5"))
-        if self.positional == "rope" and self.d_k % 2:
+        if self.arch != "rnn" and self.positional == "rope" and self.d_k % 2:
             raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {self.d_k}")
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             raise AtencionError(f"rope_base must be a number > 1, got {self.rope_base!r}")

@@ -73,7 +73,8 @@ def _check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | No
     arch = getattr(cfg, "arch", None)
     if arch != "decoder":
         kinds = {"encoder": "encoder-only (arch encoder, BERT-style: it fills in masked tokens)",
-                 "encoder-decoder": "an encoder-decoder (arch encoder-decoder: it translates a source)"}
+                 "encoder-decoder": "an encoder-decoder (arch encoder-decoder: it translates a source)",
+                 "rnn": "an RNN encoder-decoder (arch rnn: it translates a source)"}
         raise AtencionError(f"generate needs a decoder-only model (arch decoder); this model is "
                             f"{kinds.get(arch, repr(arch))}")
     if not isinstance(prompt, Tensor) or prompt.dtype not in (torch.int64, torch.int32) or prompt.dim() != 2:

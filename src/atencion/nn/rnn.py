@@ -155,7 +155,7 @@ class RNNDecoder(nn.Module):
         super().__init__()
         r = cfg.rnn
         self.kind, self.feeding, self.lstm = r["attention"], r["input_feeding"], r["cell"] == "lstm"
-        self.layers, self.size = cfg.decoder_layers, r["decoder_hidden"]
+        self.layers, self.size, self.d_model = cfg.decoder_layers, r["decoder_hidden"], cfg.d_model
         self.embed = embed
         self.dropout = Dropout(cfg.dropout)
         d = cfg.d_model
@@ -188,7 +188,7 @@ class RNNDecoder(nn.Module):
         hidden = hidden.repeat_interleave(group, dim=1).contiguous()
         cell = cell.repeat_interleave(group, dim=1).contiguous() if cell is not None else None
         rows = memory.size(0) * group
-        feed = memory.new_zeros(rows, self.output.out_features) if self.feeding else None
+        feed = memory.new_zeros(rows, self.d_model) if self.feeding else None  # (output may be int8 or LoRA)
         keys = self.attention.keys(memory) if self.attention is not None else None
         return RNNState(memory, keys, real, context, hidden, cell, feed, group)
 
@@ -198,8 +198,8 @@ class RNNDecoder(nn.Module):
         rows, n, _ = queries.shape
         b = state.memory.size(0)
         e = self.attention.energies(queries.reshape(b, rows // b * n, -1), state.keys)
-        e = e.masked_fill(~state.real[:, None, :], float("-inf"))
-        alpha = torch.softmax(e, dim=-1)
+        padding = ~state.real[:, None, :]  # the lowest finite score: a row of padding alone gives zeros, not NaN
+        alpha = torch.softmax(e.masked_fill(padding, torch.finfo(e.dtype).min), dim=-1).masked_fill(padding, 0.0)
         context = alpha @ state.memory
         return context.view(rows, n, -1), alpha.view(rows, n, -1)
 
@@ -273,7 +273,7 @@ class RNNSeq2Seq(Model):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
-    def forward(self, src_ids: Tensor, tgt_in_ids: Tensor, src_mask: Tensor | None = None,
+    def forward(self, src_ids: Tensor, tgt_in_ids: Tensor, src_mask: Tensor | None = None, *,
                 return_attention: bool = False, select: Tensor | None = None, project: bool = True):
         """Teacher-forced logits (batch, tgt_len, vocab), as :class:`Transformer`'s: ``select``
         keeps the positions of a boolean (batch, tgt_len) mask, ``project=False`` returns o_t
@@ -282,11 +282,12 @@ class RNNSeq2Seq(Model):
         "head" of the one attention; an empty list without attention)."""
         if not isinstance(tgt_in_ids, Tensor):
             raise AtencionError("an RNN encoder-decoder takes model(src_ids, tgt_in_ids)")
-        memory, src_mask = self.encode(src_ids, src_mask)
+        self._check_ids("src_ids", src_ids, self.cfg.vocab_size)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
         if tgt_in_ids.size(0) != src_ids.size(0):
             raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
                                 f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
+        memory, src_mask = self.encode(src_ids, src_mask)
         hidden, alpha = self.decoder(tgt_in_ids, self.init_state(memory, src_mask))
         hidden = self.out_dropout(hidden)
         if select is not None:

@@ -365,7 +365,7 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
         raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
                             f"takes arch {' or '.join(TASK_ARCHS[cfg.task])} (the config's task: key chooses "
                             f"translate, lm, mlm or classify)")
-    if model.positional != "learned":
+    if model.positional != "learned" or model.arch == "rnn":  # an RNN has no position table
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
