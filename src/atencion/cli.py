@@ -415,21 +415,22 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     label, columns: predicted, in the order of "labels").
     An option for another kind of model is refused."""
     from .config import ModelConfig
-    from .lm import KINDS, model_task
+    from .lm import KINDS, describe, model_task
     from .nn.model import CONFIG_FILE
 
     model_dir = need_dir(args.model, "--model")
-    task = model_task(ModelConfig.load(model_dir / CONFIG_FILE))
+    cfg = ModelConfig.load(model_dir / CONFIG_FILE)
+    task = model_task(cfg)
     for option in dict.fromkeys(o for options in EVALUATE_OPTIONS.values() for o in options):
         if getattr(args, option) is not None and option not in EVALUATE_OPTIONS[task]:
             kinds = " or ".join(KINDS[k] for k, options in EVALUATE_OPTIONS.items() if option in options)
-            raise AtencionError(f"{_flag(option)} is for {kinds}; --model {args.model} is {KINDS[task]}: give "
+            raise AtencionError(f"{_flag(option)} is for {kinds}; --model {args.model} is {describe(cfg)}: give "
                                 f"{EVALUATE_NEEDS[task]}")
     if task != "translate":
         print(json.dumps({"task": task, **_evaluate_language_model(args, task)}, ensure_ascii=False))
         return
     if args.src is None or args.ref is None:
-        raise AtencionError(f"--model {args.model} is {KINDS[task]}: give {EVALUATE_NEEDS[task]}")
+        raise AtencionError(f"--model {args.model} is {describe(cfg)}: give {EVALUATE_NEEDS[task]}")
     from .evaluate import evaluate
 
     for option in ("src", "ref", "raw_ref", "recase_from"):

@@ -41,6 +41,12 @@ def model_task(cfg: ModelConfig) -> str:
     return {"encoder": "mlm", "decoder": "lm"}.get(cfg.arch, "translate")
 
 
+def describe(cfg: ModelConfig) -> str:
+    """What a model is, for messages: KINDS of its task, a translator named by its own arch."""
+    task = model_task(cfg)
+    return f"a translator (arch {cfg.arch})" if task == "translate" else KINDS[task]
+
+
 def can_generate(model, tokenizer: Tokenizer) -> bool:
     return model.cfg.arch == "decoder"
 
@@ -64,7 +70,7 @@ def check_model(model, tokenizer: Tokenizer, command: str) -> None:
     if not CAN[command](model, tokenizer):
         task = model_task(model.cfg)
         detail = " and its tokenizer has no <mask>" if command == "fill-mask" and model.cfg.arch == "encoder" else ""
-        raise AtencionError(f"{command} needs {NEEDS[command]}; this model is {KINDS[task]}{detail}: "
+        raise AtencionError(f"{command} needs {NEEDS[command]}; this model is {describe(model.cfg)}{detail}: "
                             f"use {USES[task]}")
 
 

@@ -417,7 +417,7 @@ def _model(by_name: dict[str, LoadedModel], models: list[LoadedModel], name: str
         raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
     m = by_name[name] if name is not None else models[0]
     if endpoint not in m.endpoints:
-        raise Refused(400, f"/{endpoint} needs {lm.NEEDS[endpoint]}; model {m.name!r} is {lm.KINDS[m.task]} "
+        raise Refused(400, f"/{endpoint} needs {lm.NEEDS[endpoint]}; model {m.name!r} is {lm.describe(m.model.cfg)} "
                            f"and answers {', '.join('/' + e for e in m.endpoints)}")
     return m
 
