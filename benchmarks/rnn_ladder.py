@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 RNN = ["model.arch=rnn", "model.d_model=128"]
+BAHDANAU = RNN + ["model.n_layers=1", "model.rnn.hidden=128", "model.rnn.decoder_hidden=256",
+                  "model.rnn.attention=bahdanau"]
 RUNGS = {
     # Sutskever et al. 2014 (the tutorials' first model): a 2-layer LSTM, one summary vector
     "lstm_none": RNN + ["model.n_layers=2", "model.rnn.cell=lstm", "model.rnn.bidirectional=false",
@@ -34,12 +36,15 @@ RUNGS = {
     "gru_none": RNN + ["model.n_layers=1", "model.rnn.bidirectional=false", "model.rnn.hidden=256",
                        "model.rnn.decoder_hidden=256", "model.rnn.attention=none"],
     # Bahdanau et al. 2015: a bidirectional GRU encoder, additive attention from s_{t-1}
-    "gru_bahdanau": RNN + ["model.n_layers=1", "model.rnn.hidden=128", "model.rnn.decoder_hidden=256",
-                           "model.rnn.attention=bahdanau"],
+    "gru_bahdanau": BAHDANAU,
     # Luong et al. 2015: "general" attention from s_t, input feeding
     "gru_luong": RNN + ["model.n_layers=1", "model.rnn.hidden=128", "model.rnn.decoder_hidden=256",
                         "model.rnn.attention=luong"],
     "transformer": [],
+    # beside the ladder: the Transformer pre-LN (Table 3's row that learns fastest early), and a
+    # second seed of the top rung, for its spread
+    "transformer_preln": ["model.norm_first=true"],
+    "gru_bahdanau_seed2": BAHDANAU + ["train.seed=2"],
 }
 COMMON = ["train.warmup=500", "train.lr_peak=0.003", "train.clip_norm=1.0", "decode.beam=1",
           "train.log_every=100"]
