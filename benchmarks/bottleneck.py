@@ -72,10 +72,7 @@ def run(name: str, args) -> dict:
 
 
 def report(args) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from atencion.viz.plots import line_figure, save
 
     records = [json.loads((Path(args.out) / name / "bottleneck.json").read_text())
                for name in MODELS if (Path(args.out) / name / "bottleneck.json").is_file()]
@@ -87,16 +84,9 @@ def report(args) -> None:
     print("\n| model | parameters | updates | tokens/s |\n|---|---|---|---|")
     for r in records:
         print(f"| {r['model']} | {r['parameters']:,} | {r['updates']} | {r['tok_s']} |")
-    fig, ax = plt.subplots(figsize=(6.5, 3.8), dpi=90)
-    for r in records:
-        ax.plot([b["words"] for b in r["buckets"]], [b["bleu"] for b in r["buckets"]], marker="o", label=r["model"])
-    ax.set_xlabel("source sentence length (Spanish words)")
-    ax.set_ylabel("BLEU on held-out sentences")
-    ax.set_title(f"the demo grammar's long sentences, {records[0]['minutes']:g} minutes each")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.report)
+    series = {r["model"]: ([b["words"] for b in r["buckets"]], [b["bleu"] for b in r["buckets"]]) for r in records}
+    save(line_figure(series, "source sentence length (Spanish words)", "BLEU on held-out sentences",
+                     f"the demo grammar's long sentences, {records[0]['minutes']:g} minutes each"), args.report)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,22 +90,13 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"length": args.length, "samples": args.samples,
               "norms": {name: {d: float(f"{values[d]:.3g}") for d in shown} for name, values in curves.items()}}
     if args.figure:
-        import matplotlib
+        from atencion.viz.plots import line_figure, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.5, 3.8), dpi=90)
-        for name, values in curves.items():
-            ax.plot(range(len(values)), values, label=name, linestyle="-" if "trained" in name else "--")
-        ax.set_yscale("log")
-        ax.set_xlabel("distance T − t (tokens)")
-        ax.set_ylabel("‖∂ o_T / ∂ x_t‖ (Frobenius)")
-        ax.set_title("gradient of the last output with respect to each input")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.figure)
+        series = {name: (list(range(len(values))), values) for name, values in curves.items()}
+        styles = {name: "--" for name in curves if "initialised" in name}
+        save(line_figure(series, "distance T − t (tokens)", "‖∂ o_T / ∂ x_t‖ (Frobenius)",
+                         "gradient of the last output with respect to each input", marker="", log_y=True,
+                         styles=styles), args.figure)
     print(json.dumps(result))
     return result
 

@@ -75,26 +75,15 @@ def one(name: str, args) -> dict:
 
 
 def figure(results: dict, png: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from atencion.viz.plots import line_figure, save
 
     labels = {"scratch": "from scratch (own En+Fr vocabulary)", "full": "full fine-tuning of the En→De model",
               "lora": "LoRA on the En→De model (weights frozen)",
               "lora_embeddings": "LoRA, embedding table adapted too"}
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=90)
-    for name, result in results.items():
-        curve = result["valid_curve"]
-        ax.plot([m for m, _ in curve], [b for _, b in curve], marker=".", label=labels[name])
-    ax.set_xlabel("wall-clock minutes (training + validation)")
-    ax.set_ylabel("validation BLEU, En→Fr (greedy, tokenized)")
-    ax.set_title("Multi30k En→Fr: adapting an En→De Transformer-Tiny")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png)
-    plt.close(fig)
+    series = {labels[name]: ([m for m, _ in r["valid_curve"]], [b for _, b in r["valid_curve"]])
+              for name, r in results.items()}
+    save(line_figure(series, "wall-clock minutes (training + validation)", "validation BLEU, En→Fr (greedy, tokenized)",
+                     "Multi30k En→Fr: adapting an En→De Transformer-Tiny", marker="."), png)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -83,13 +83,9 @@ def run(name: str, args) -> dict:
 
 
 def report(args) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from atencion.data.corpus import read_lines
     from atencion.evaluate import score_by_length
+    from atencion.viz.plots import line_figure, save
 
     tok = Path(args.data) / "tok"
     sources = read_lines(tok / "test_2016_flickr.lc.norm.tok.de.gz")
@@ -115,28 +111,12 @@ def report(args) -> None:
     for k, (label, n, _) in enumerate(first):
         print(f"| {label} | {n} | " + " | ".join(str(rows[k][2]) for rows in buckets.values()) + " |")
     figures = Path(args.report)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8), dpi=90)
-    for r in records:
-        ax.plot([m for m, _ in r["valid_curve"]], [b for _, b in r["valid_curve"]], marker=".", label=r["rung"])
-    ax.set_xlabel("wall-clock minutes (training + validation)")
-    ax.set_ylabel("validation BLEU (greedy, tokenized)")
-    ax.set_title("Multi30k de→en, the same minutes each")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figures / "rnn_ladder.png")
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8), dpi=90)
-    for name, rows in buckets.items():
-        ax.plot([label for label, _, _ in rows], [b for _, _, b in rows], marker="o", label=name)
-    ax.set_xlabel("source sentence length (words)")
-    ax.set_ylabel("test2016 BLEU (tokenized)")
-    ax.set_title("Multi30k de→en: BLEU against source length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figures / "rnn_buckets_multi30k.png")
-    plt.close(fig)
+    curves = {r["rung"]: ([m for m, _ in r["valid_curve"]], [b for _, b in r["valid_curve"]]) for r in records}
+    save(line_figure(curves, "wall-clock minutes (training + validation)", "validation BLEU (greedy, tokenized)",
+                     "Multi30k de→en, the same minutes each", marker="."), figures / "rnn_ladder.png")
+    lengths = {name: ([label for label, _, _ in rows], [b for _, _, b in rows]) for name, rows in buckets.items()}
+    save(line_figure(lengths, "source sentence length (words)", "test2016 BLEU (tokenized)",
+                     "Multi30k de→en: BLEU against source length"), figures / "rnn_buckets_multi30k.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -79,23 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
     for i, length in enumerate(lengths):
         print(f"| {length} | " + " | ".join(str(result["ms_per_step"][n][i]) for n in MODELS) + " |")
     if args.figure:
-        import matplotlib
+        from atencion.viz.plots import line_figure, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=90)
-        for name, values in result["ms_per_step"].items():
-            ax.plot(lengths, values, marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sentence length (tokens, source = target)")
-        ax.set_ylabel(f"ms per training step ({args.tokens} target tokens)")
-        ax.set_title(f"training step time on this CPU ({args.threads} threads)")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.figure)
+        series = {name: (lengths, values) for name, values in result["ms_per_step"].items()}
+        save(line_figure(series, "sentence length (tokens, source = target)",
+                         f"ms per training step ({args.tokens} target tokens)",
+                         f"training step time on this CPU ({args.threads} threads)", log_x=True, log_y=True),
+             args.figure)
     print(json.dumps(result))
     return result
 

@@ -206,3 +206,15 @@ def test_aer_command_prints_a_table_per_layer_and_a_json_line(trained_dir, tmp_p
     assert result["sentences"] == 30 and len(result["layers"]) == 2 and result["shift"] == "predict"
     assert sum(line.startswith("| ") and line[2].isdigit() for line in lines) == 2
     assert min(result["layers"]) <= 0.3                     # the target, on the grammar
+
+
+def test_line_figure_draws_one_labelled_line_per_series_and_saves_a_png(tmp_path):
+    from atencion.viz.plots import line_figure, save
+
+    fig = line_figure({"a": ([1, 2, 4], [1.0, 0.1, 0.01]), "b": ([1, 2, 4], [2.0, 2.0, 2.0])}, "x", "y", "t",
+                      log_x=True, log_y=True, styles={"b": "--"})
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["a", "b"]
+    assert list(ax.get_lines()[0].get_ydata()) == [1.0, 0.1, 0.01] and ax.get_lines()[1].get_linestyle() == "--"
+    assert (ax.get_xscale(), ax.get_yscale(), ax.get_title()) == ("log", "log", "t")
+    assert save(fig, tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"

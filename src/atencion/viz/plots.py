@@ -75,6 +75,28 @@ def mean_figure(amap: AttentionMap, layer: int | None = None) -> Figure:
     return fig
 
 
+def line_figure(series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str, marker: str = "o",
+                log_x: bool = False, log_y: bool = False, styles: dict[str, str] | None = None) -> Figure:
+    """One line per entry of ``series`` (label → (xs, ys)), as the benchmarks draw their results;
+    ``styles`` gives a label its line style ("--", ...)."""
+    fig = Figure(figsize=(6.5, 3.8))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker=marker, label=label, linestyle=(styles or {}).get(label, "-"))
+    if log_x:
+        ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both" if log_x or log_y else "major")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` to ``path`` (format from its suffix), atomically."""
     path = Path(path)
