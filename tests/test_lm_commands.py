@@ -19,7 +19,6 @@ from atencion.cli import main
 from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
-from atencion.decode.model_dir import load_model_dir
 from atencion.decode.sample import generate_ids
 from atencion.lm import (
     classify_lines,
@@ -33,6 +32,7 @@ from atencion.lm import (
     prompt_ids,
     render,
 )
+from atencion.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
 from atencion.train.checkpoint import save_checkpoint

@@ -16,8 +16,8 @@ import torch
 from atencion.config import ModelConfig
 from atencion.data.text import epoch_offset, lm_blocks, mask_tokens, read_labelled, split_tail
 from atencion.data.tokenizer import MASK, Tokenizer
-from atencion.decode.model_dir import load_model_dir
 from atencion.errors import AtencionError
+from atencion.model_dir import load_model_dir
 from atencion.nn.transformer import Transformer
 from atencion.train.config import load_config
 from atencion.train.schedule import learning_rate

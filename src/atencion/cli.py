@@ -190,9 +190,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
     import torch
 
     from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
     from .decode.translate import translate_lines
     from .fileio import atomic_write
+    from .model_dir import load_model_dir
 
     if args.input:
         need_file(args.input, "--input")
@@ -252,8 +252,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
     model's learned positions) before anything is generated."""
     from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
     from .lm import check_model, check_prompt, generate_text
+    from .model_dir import load_model_dir
 
     if args.input:
         need_file(args.input, "--input")
@@ -305,8 +305,8 @@ def cmd_fill_mask(args: argparse.Namespace) -> None:
     masks are predicted at once, each seeing the others as <mask>. A SentencePiece token is shown in
     quotes with its word-start mark as a leading space: " cat" starts a word, "ing" goes on with the
     word before it."""
-    from .decode.model_dir import load_model_dir
     from .lm import fill_mask
+    from .model_dir import load_model_dir
 
     model, tokenizer = load_model_dir(args.model, args.device)
     masks = fill_mask(model, tokenizer, args.text, args.top_k)
@@ -337,8 +337,8 @@ def cmd_classify(args: argparse.Namespace) -> None:
     An empty line gets the model's answer on the empty sentence, so that the lines stay aligned;
     bytes that are not UTF-8 are replaced (with one warning)."""
     from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
     from .lm import check_model, classify_lines, classify_probabilities, label_names
+    from .model_dir import load_model_dir
 
     if args.input:
         need_file(args.input, "--input")
@@ -416,7 +416,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     An option for another kind of model is refused."""
     from .config import ModelConfig
     from .lm import KINDS, describe, model_task
-    from .nn.model import CONFIG_FILE
+    from .model_dir import CONFIG_FILE
 
     model_dir = need_dir(args.model, "--model")
     cfg = ModelConfig.load(model_dir / CONFIG_FILE)
@@ -449,8 +449,8 @@ def _evaluate_language_model(args: argparse.Namespace, task: str) -> dict:
     """evaluate for the single-stack tasks: lm and mlm on --text, classify on --tsv."""
     from .data.corpus import read_lines
     from .data.text import read_labelled
-    from .decode.model_dir import load_model_dir
     from .lm import KINDS, evaluate_classifier, evaluate_lm, evaluate_mlm, label_names
+    from .model_dir import load_model_dir
 
     path = getattr(args, "tsv" if task == "classify" else "text")
     if path is None:
@@ -528,8 +528,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     BERT has self-attention only: decoder.png (GPT, causal, over --text and the
     --max-new-tokens it generates greedily) or encoder.png (BERT, over <s> --text </s>), its
     KIND_mean.png, bertviz.json and attention.html."""
-    from .decode.model_dir import load_model_dir
     from .decode.settings import DecodeConfig
+    from .model_dir import load_model_dir
     from .viz.attention import ARCH_NAMES, CAUTION
     from .viz.report import write_attention_report, write_self_attention_report
 
@@ -569,7 +569,7 @@ def cmd_aer(args: argparse.Namespace) -> None:
     every target word to the source word it attends to most (per layer with heads averaged, and
     all layers averaged), score against --align; prints a markdown table, then one JSON line."""
     from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
+    from .model_dir import load_model_dir
     from .viz.attention import CAUTION, evaluate_alignment, format_aer_table
 
     files = [need_file(getattr(args, option), "--" + option) for option in ("src", "tgt", "align")]
@@ -696,8 +696,7 @@ def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_merge_lora(args: argparse.Namespace) -> None:
     """Fold a LoRA model's adapters into its base weights (W + α/r · B A): a plain model directory
     that needs no base, decodes as fast as any model, and exports."""
-    from .decode.model_dir import load_model_dir
-    from .nn.lora import LORA_FILE
+    from .model_dir import LORA_FILE, load_model_dir
     from .train.checkpoint import save_checkpoint
 
     model_dir = need_dir(args.model, "--model")

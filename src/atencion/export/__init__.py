@@ -81,9 +81,8 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
     base, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
-    from ..decode.model_dir import check_vocabularies
+    from ..model_dir import check_vocabularies, load_model
     from ..nn.lora import merge_lora
-    from ..nn.model import load_model
 
     _writer(fmt)  # an unknown format fails before anything is loaded
     model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import AtencionError
-from .model import Model
-from .transformer import Generator
+from .layers import Generator
+
+if TYPE_CHECKING:
+    from .model import Model
 
 
 class Int8Linear(nn.Module):

@@ -9,10 +9,11 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
+from ..model_dir import register_arch
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
-from .layers import ACTIVATIONS, Block, make_norm
+from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
 from .positional import (
     LearnedPositionalEmbedding,
@@ -137,22 +138,6 @@ class Decoder(nn.Module):
         return x, self_attn, cross_attn
 
 
-class Generator(nn.Module):
-    """§3.4: the pre-softmax linear projection to the vocabulary (optionally tied to the embeddings)."""
-
-    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_weight: nn.Parameter | None):
-        super().__init__()
-        if tied_weight is not None:
-            self.weight = tied_weight
-        else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
-            nn.init.normal_(self.weight, std=d_model ** -0.5)
-        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
-
-
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head: a dense transform, the activation, a LayerNorm, then the output
     projection tied to the token embeddings, with a bias of its own."""
@@ -198,6 +183,7 @@ class ClassificationHead(nn.Module):
         return self.linear(self.dropout(pooled))
 
 
+@register_arch("encoder-decoder", "encoder", "decoder")
 class Transformer(Model):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 

@@ -25,12 +25,12 @@ import torch.distributed as dist
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from ..decode.model_dir import load_model_dir
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
-from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_checksum
-from ..nn.model import Model, build_model
+from ..model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
+from ..nn.lora import LoraSpec, apply_lora, select_targets
+from ..nn.model import Model
 from ..nn.moe import RoutingStats, moe_aux_loss
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
