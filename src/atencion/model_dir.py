@@ -30,10 +30,9 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .config import ModelConfig
 from .data.tokenizer import INFO_FILE, Tokenizer
@@ -41,8 +40,8 @@ from .devices import resolve_device
 from .errors import AtencionError, MissingFileError
 from .fileio import atomic_write, atomic_write_bytes, atomic_write_text, json_line, need_dir, read_json
 
-if TYPE_CHECKING:  # nn/ is imported where it is used: its architectures import this module to register
-    from .nn.model import Model
+# nn/ is imported where it is used (a model is an nn.Module here): its architectures import this
+# module to register, so importing nn/ at the top would run in a circle.
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -62,7 +61,7 @@ def register_arch(*names: str) -> Callable[[type], type]:
     return register
 
 
-def build_model(cfg: ModelConfig) -> Model:
+def build_model(cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model of the architecture ``cfg.arch`` names (``ARCHS``)."""
     if not isinstance(cfg, ModelConfig):
         raise AtencionError(f"build_model(cfg): expected a ModelConfig, got {type(cfg).__name__}")
@@ -103,7 +102,7 @@ def _refuse_other_kinds(directory: Path) -> None:
 # the model: config.json + model.safetensors, or LoRA adapters over a base -------------------------
 
 
-def save_model(model: Model, directory: str | os.PathLike) -> None:
+def save_model(model: nn.Module, directory: str | os.PathLike) -> None:
     """Write config.json and model.safetensors into ``directory`` (each atomically); a model with
     LoRA adapters writes adapters.safetensors and lora.json instead of its weights."""
     from safetensors.torch import save
@@ -124,7 +123,7 @@ def save_model(model: Model, directory: str | os.PathLike) -> None:
 
 
 def load_model(directory: str | os.PathLike, map_location: str | torch.device = "cpu",
-               expect: type | None = None) -> Model:
+               expect: type | None = None) -> nn.Module:
     """The model saved in ``directory`` by :func:`save_model`, of the architecture its config
     names; ``expect``: refuse, in one line, one that is not of this class."""
     from safetensors.torch import load_file
@@ -169,13 +168,13 @@ def rename_legacy(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {name.replace(".res_attn.", ".res_self."): value for name, value in state.items()}
 
 
-def _check_class(model: Model, directory: Path, expect: type | None) -> None:
+def _check_class(model: nn.Module, directory: Path, expect: type | None) -> None:
     if expect is not None and not isinstance(model, expect):
         raise AtencionError(f"{directory / CONFIG_FILE}: arch {model.cfg.arch!r} is a {type(model).__name__}, "
                             f"not a {expect.__name__}; load it with atencion.load")
 
 
-def _save_adapters(model: Model, directory: Path) -> None:
+def _save_adapters(model: nn.Module, directory: Path) -> None:
     from safetensors.torch import save
 
     from .nn.lora import trainable_state
@@ -191,7 +190,7 @@ def _save_adapters(model: Model, directory: Path) -> None:
     atomic_write(directory / CONFIG_FILE, model.cfg.save)
 
 
-def _load_adapted(directory: Path, map_location, expect: type | None) -> Model:
+def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Module:
     """A LoRA model: its base (checked against the recorded checksum), then the adapters."""
     from safetensors.torch import load_file
 
@@ -289,7 +288,7 @@ def check_base(directory: Path, record: dict) -> Path:
 
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
-                   what: str = "--model", merge: bool = True) -> tuple[Model, Tokenizer]:
+                   what: str = "--model", merge: bool = True) -> tuple[nn.Module, Tokenizer]:
     """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
     the option it came from in messages. The tokenizer's vocabularies must be the model's. The
     LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
@@ -308,13 +307,13 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     return model, tokenizer
 
 
-def save_model_dir(directory: str | os.PathLike, model: Model, tokenizer: Tokenizer) -> None:
+def save_model_dir(directory: str | os.PathLike, model: nn.Module, tokenizer: Tokenizer) -> None:
     """Write the model and its tokenizer into ``directory``: what ``load_model_dir`` reads."""
     save_model(model, directory)
     tokenizer.save(directory)
 
 
-def check_vocabularies(path: Path, model: Model, tokenizer: Tokenizer) -> None:
+def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:
     """The tokenizer's vocabularies must be the sizes the model's config gives."""
     cfg = model.cfg
     for side, pieces, key, size in (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import AtencionError
 from .layers import Generator
-
-if TYPE_CHECKING:
-    from .model import Model
 
 
 class Int8Linear(nn.Module):
@@ -59,7 +55,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, int8"
 
 
-def quantize_int8(model: Model) -> Model:
+def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of ``model`` (on the CPU, in eval mode) whose linear layers and generator are int8."""
     if next(model.parameters()).device.type != "cpu":
         raise AtencionError("int8 quantization runs on the CPU; load the model with map_location='cpu'")
