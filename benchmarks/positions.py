@@ -43,8 +43,8 @@ def train_kind(kind: str, args) -> Path:
 
 def evaluate_kind(model_dir: Path, args) -> dict:
     from atencion.data.text import read_text, split_tail
-    from atencion.lm import evaluate_lm
     from atencion.model_dir import load_model_dir
+    from atencion.tasks.lm import evaluate_lm
 
     model, tokenizer = load_model_dir(model_dir)
     _, valid = split_tail(read_text(args.text, "--text"), 0.1)

@@ -64,6 +64,8 @@ class ModelConfig:
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
     rnn: dict[str, Any] | None = None      # arch rnn: {cell, hidden, bidirectional, decoder_hidden, bridge,
                                            # attention, score, input_feeding} (RNN_DEFAULTS, nn/rnn.py)
+    task: str | None = None                # the task it was trained for (tasks/: translate, lm, mlm, classify);
+                                           # None: told by arch and num_labels (directories written before)
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -135,6 +137,8 @@ class ModelConfig:
         elif self.rnn is not None:
             raise AtencionError(f"rnn holds the settings of arch 'rnn'; this model's arch is {self.arch!r} "
                                 f"(set arch: rnn, or remove rnn)")
+        if self.task is not None and not isinstance(self.task, str):
+            raise AtencionError(f"task must be the name of a task (translate, lm, mlm, classify), got {self.task!r}")
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):

@@ -38,7 +38,16 @@ from .config import ModelConfig
 from .data.tokenizer import INFO_FILE, Tokenizer
 from .devices import resolve_device
 from .errors import AtencionError, MissingFileError
-from .fileio import atomic_write, atomic_write_bytes, atomic_write_text, json_line, need_dir, read_json
+from .fileio import (
+    atomic_directory,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    json_line,
+    need_dir,
+    need_output_dir,
+    read_json,
+)
 
 # nn/ is imported where it is used (a model is an nn.Module here): its architectures import this
 # module to register, so importing nn/ at the top would run in a circle.
@@ -308,9 +317,25 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
 
 
 def save_model_dir(directory: str | os.PathLike, model: nn.Module, tokenizer: Tokenizer) -> None:
-    """Write the model and its tokenizer into ``directory``: what ``load_model_dir`` reads."""
-    save_model(model, directory)
-    tokenizer.save(directory)
+    """Write the model and its tokenizer into ``directory``, atomically (the files go to a
+    temporary directory renamed to ``directory`` when complete): what ``load_model_dir`` reads."""
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+
+    atomic_directory(directory, fill)
+
+
+def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
+    """Fold the LoRA adapters of the model directory ``model`` into its base weights and write a
+    plain model directory ``out`` (new or empty); returns its parameter count."""
+    model_dir = need_dir(model, "--model")
+    if not (model_dir / LORA_FILE).is_file():
+        raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
+    out = need_output_dir(out, "--out")
+    merged, tokenizer = load_model_dir(model_dir)  # adapters folded in
+    save_model_dir(out, merged, tokenizer)
+    return merged.num_parameters()
 
 
 def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:

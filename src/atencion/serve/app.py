@@ -25,10 +25,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from .. import lm
-from ..config import TWO_STACKS
+from .. import tasks
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
+from ..tasks.base import sentence_ids
+from ..tasks.classify import classify_probabilities, label_names
+from ..tasks.lm import check_prompt, generate_text
+from ..tasks.mlm import fill_mask, masked_ids
 from .batching import Batcher, Job, QueueFull, Worker, resolve
 from .metrics import Metrics
 
@@ -67,16 +70,13 @@ class LoadedModel:
 
     @property
     def task(self) -> str:
-        return lm.model_task(self.model.cfg)
+        return tasks.model_task(self.model.cfg)
 
     @property
     def endpoints(self) -> list[str]:
         """What the model can answer, the endpoint of its own task first: a translator translates;
         a decoder generates, an encoder with <mask> fills masks, a classification head classifies."""
-        if self.arch in TWO_STACKS:
-            return ["translate"]
-        can = [e for e in ("generate", "fill-mask", "classify") if lm.CAN[e](self.model, self.tokenizer)]
-        return sorted(can, key=lambda e: e != lm.USES[self.task])
+        return tasks.uses(self.model, self.tokenizer)
 
 
 class TranslateRequest(BaseModel):
@@ -94,7 +94,7 @@ class TranslateRequest(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """POST /generate: see ``lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
+    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str = ""
@@ -108,7 +108,7 @@ class GenerateRequest(BaseModel):
 
 
 class FillMaskRequest(BaseModel):
-    """POST /fill-mask: see ``lm.fill_mask``."""
+    """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str
@@ -117,7 +117,7 @@ class FillMaskRequest(BaseModel):
 
 
 class ClassifyRequest(BaseModel):
-    """POST /classify: see ``lm.classify_probabilities``."""
+    """POST /classify: see ``tasks.classify.classify_probabilities``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str] = Field(min_length=1)
@@ -310,11 +310,11 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
             raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
         check_length("prompt", body.prompt)
         try:
-            ids = lm.check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+            ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
         except AtencionError as err:
             raise Refused(422, str(err)) from None
         check_length("prompt", body.prompt, len(ids))
-        texts = await run(m, lambda: lm.generate_text(
+        texts = await run(m, lambda: generate_text(
             m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
             body.num_samples, what="prompt"))
         return {"model": m.name, "prompt": body.prompt, "texts": texts}
@@ -325,11 +325,11 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         m = _model(by_name, models, body.model, "fill-mask")
         check_length("text", body.text)
         try:
-            pieces = len(lm.masked_ids(m.tokenizer, body.text, "text")) - 2
+            pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
         except AtencionError as err:
             raise Refused(422, str(err)) from None
         check_length("text", body.text, pieces)
-        masks = await run(m, lambda: lm.fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
+        masks = await run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
         return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask]
                                            for mask in masks]}
 
@@ -343,12 +343,12 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         for i, text in enumerate(body.texts):
             check_length(f"texts.{i}", text)
         try:
-            lm.sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
+            sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
         except AtencionError as err:
             raise Refused(422, str(err)) from None
-        probabilities = await run(m, lambda: lm.classify_probabilities(
+        probabilities = await run(m, lambda: classify_probabilities(
             m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
-        names = lm.label_names(m.model)
+        names = label_names(m.model)
         predictions = []
         for row in probabilities.tolist():
             best = max(range(len(row)), key=row.__getitem__)
@@ -417,7 +417,8 @@ def _model(by_name: dict[str, LoadedModel], models: list[LoadedModel], name: str
         raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
     m = by_name[name] if name is not None else models[0]
     if endpoint not in m.endpoints:
-        raise Refused(400, f"/{endpoint} needs {lm.NEEDS[endpoint]}; model {m.name!r} is {lm.describe(m.model.cfg)} "
+        raise Refused(400, f"/{endpoint} needs {tasks.USES[endpoint].needs}; model {m.name!r} is "
+                           f"{tasks.describe(m.model.cfg)} "
                            f"and answers {', '.join('/' + e for e in m.endpoints)}")
     return m
 
@@ -431,7 +432,7 @@ def _describe(m: LoadedModel, settings: ServeSettings) -> dict[str, Any]:
                  "parameters": m.model.num_parameters(),
                  "decoding": _defaults(m.endpoints[0], settings) if m.endpoints else {}}
     if "classify" in m.endpoints:
-        described["labels"] = lm.label_names(m.model)
+        described["labels"] = label_names(m.model)
     return described
 
 

@@ -32,10 +32,10 @@ from ..model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
 from ..nn.moe import RoutingStats, moe_aux_loss
+from ..tasks import make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
 from .schedule import learning_rate
-from .tasks import make_task
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -
         except AtencionError as err:
             raise AtencionError(f"{where}: model.{err}") from None
         for key, value in given.items():
-            if key not in INIT_FROM_KEYS | {"num_labels", "labels"} and value != values[key]:
+            if key not in INIT_FROM_KEYS | {"num_labels", "labels", "task"} and value != values[key]:
                 raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; a "
                                     f"model started from train.init_from keeps its shape (the model section "
                                     f"may change {sorted(INIT_FROM_KEYS)})")
@@ -496,6 +496,8 @@ def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:
     """--resume must rebuild the model it saved: name the first key where the configs differ."""
     for key, value in saved.to_dict().items():
+        if key == "task" and value is None:  # a checkpoint written before the task was saved in config.json
+            continue
         if getattr(given, key) != value:
             raise AtencionError(f"{checkpoint / 'config.json'}: {key} is {value!r} but the config given now "
                                 f"makes it {getattr(given, key)!r}; the model section cannot change on --resume")
