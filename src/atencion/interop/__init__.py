@@ -50,10 +50,6 @@ def to_hf(model, family: str | None = None):
     if family not in modules:
         raise AtencionError(f"to_hf: unknown family {family!r}; expected one of {sorted(modules)}")
     module = import_module(f".{family}", __name__)
-    if family == "marian":
-        from ..export.hf import to_marian
-
-        return to_marian(model)
     exporter = getattr(module, f"to_{family}", None)
     if exporter is None:
         raise AtencionError(f"to_hf: no exporter to {family} yet")

@@ -1,4 +1,5 @@
-"""Import a Hugging Face MarianMTModel into an atencion Transformer, exactly.
+"""Convert between a Hugging Face MarianMTModel and an atencion Transformer, exactly: import
+(``from_marian``) and export (``to_marian``; ``export/hf.py`` saves its result as a directory).
 
 Marian is the paper's model with three differences, each handled here explicitly:
 
@@ -6,11 +7,19 @@ Marian is the paper's model with three differences, each handled here explicitly
    frequency) where §3.5 interleaves them (columns 2i and 2i+1). A Transformer is equivariant
    to a permutation of the d_model features of its residual stream, so importing permutes every
    d_model axis (embeddings, LayerNorms, the input side of W^Q/W^K/W^V/W1, the output side of
-   W^O/W2); the model then computes the same function with the paper's table.
-2. It adds ``final_logits_bias`` to the logits: the imported config sets ``output_bias=True``.
+   W^O/W2); the model then computes the same function with the paper's table. Exporting
+   permutes with the inverse.
+2. It adds ``final_logits_bias`` to the logits: the imported config sets ``output_bias=True``;
+   an exported model without an output bias gets zeros.
 3. Its decoder starts from the pad id: the imported config's ``bos_id`` is Marian's
-   ``decoder_start_token_id``. Target padding is never masked here (the causal mask covers
-   right padding), so a pad at position 0 is an ordinary start token.
+   ``decoder_start_token_id``, and the exporter writes our BOS id there. Target padding is never
+   masked here (the causal mask covers right padding), so a pad at position 0 is an ordinary
+   start token.
+
+The rest of the export is config: ``scale_embedding``, shared and tied tables, pad/eos ids,
+``max_position_embeddings`` = ``max_positions`` (Marian's table has that many rows). Marian
+cannot express pre-LN (``norm_first``), learned positions, or a LayerNorm ε other than its fixed
+1e-5; those are refused with a ValueError. Missing biases (``bias: false``) are written as zeros.
 """
 
 from __future__ import annotations
@@ -73,7 +82,7 @@ def config_from_marian(hf_config) -> ModelConfig:
 def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     """(kind, atencion prefix, Marian prefix) for every attention, LayerNorm and FFN of the
     two layouts, kind being "attention", "norm" or "ffn": the one correspondence that the
-    importer here and the exporter (export/hf.py) both walk."""
+    importer and the exporter here both walk."""
     pairs = []
     for i in range(cfg.n_layers):
         ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
@@ -133,3 +142,114 @@ def from_marian(hf_model) -> Transformer:
     out["generator.bias"] = src["final_logits_bias"].reshape(-1)
 
     return load_complete(model, out, "Marian import")
+
+
+MARIAN_LAYER_NORM_EPS = 1e-5
+
+
+def check_marian_compatible(cfg) -> None:
+    """Raise a ValueError naming the first setting Marian cannot express."""
+    if cfg.norm_first:
+        raise AtencionError("hf export: norm_first=true (pre-LN) cannot be expressed by MarianMTModel, "
+                         "which is post-LN; export to ctranslate2 or onnx instead")
+    if cfg.positional != "sinusoidal":
+        raise AtencionError(f"hf export: positional={cfg.positional!r} cannot be expressed by MarianMTModel, "
+                         f"whose positions are fixed sinusoids; export to ctranslate2 or onnx instead")
+    if cfg.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
+        raise AtencionError(f"hf export: layer_norm_eps={cfg.layer_norm_eps} cannot be expressed by "
+                         f"MarianMTModel, whose LayerNorms use eps={MARIAN_LAYER_NORM_EPS}")
+
+
+def marian_config(cfg):
+    """The ``transformers.MarianConfig`` of an atencion ModelConfig."""
+    from transformers import MarianConfig
+
+    check_marian_compatible(cfg)
+    return MarianConfig(
+        vocab_size=cfg.vocab_size,
+        decoder_vocab_size=cfg.target_vocab_size,
+        share_encoder_decoder_embeddings=cfg.share_embeddings,
+        tie_word_embeddings=cfg.tie_output,
+        max_position_embeddings=cfg.max_positions,
+        encoder_layers=cfg.n_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        d_model=cfg.d_model,
+        activation_function=cfg.activation,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=0.0,
+        scale_embedding=cfg.scale_embedding,
+        pad_token_id=cfg.pad_id,
+        eos_token_id=cfg.eos_id,
+        bos_token_id=cfg.bos_id,
+        decoder_start_token_id=cfg.bos_id,
+        forced_eos_token_id=None,   # atencion does not force an EOS at the maximum length
+    )
+
+
+def marian_state_dict(model, hf_keys) -> dict[str, Tensor]:
+    """Every tensor of a MarianMTModel (names in ``hf_keys``) from the atencion ``model``."""
+    cfg = model.cfg
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    # paper_features = marian_features[..., perm], so marian_features = paper_features[..., inverse]
+    inverse = torch.argsort(marian_to_paper_permutation(cfg.d_model))
+
+    def cols(t):   # a d_model input axis
+        return t[:, inverse]
+
+    def rows(t):   # a d_model output axis (weight rows, or a bias/LayerNorm vector)
+        return t[inverse]
+
+    def bias(name: str, size: int) -> Tensor:
+        return ours[name] if name in ours else torch.zeros(size)
+
+    out: dict[str, Tensor] = {}
+
+    def attention(theirs: str, mine: str) -> None:
+        d = cfg.d_model
+        for j, p in enumerate("qkv"):
+            out[f"{theirs}.{p}_proj.weight"] = cols(ours[f"{mine}.in_proj.weight"][j * d:(j + 1) * d])
+            out[f"{theirs}.{p}_proj.bias"] = bias(f"{mine}.in_proj.bias", 3 * d)[j * d:(j + 1) * d]
+        out[f"{theirs}.out_proj.weight"] = rows(ours[f"{mine}.out_proj.weight"])
+        out[f"{theirs}.out_proj.bias"] = rows(bias(f"{mine}.out_proj.bias", d))
+
+    def norm(theirs: str, mine: str) -> None:
+        out[f"{theirs}.weight"] = rows(ours[f"{mine}.weight"])
+        out[f"{theirs}.bias"] = rows(ours[f"{mine}.bias"])
+
+    def ffn(theirs: str, mine: str) -> None:
+        out[f"{theirs}.fc1.weight"] = cols(ours[f"{mine}.linear1.weight"])
+        out[f"{theirs}.fc1.bias"] = bias(f"{mine}.linear1.bias", cfg.d_ff)
+        out[f"{theirs}.fc2.weight"] = rows(ours[f"{mine}.linear2.weight"])
+        out[f"{theirs}.fc2.bias"] = rows(bias(f"{mine}.linear2.bias", cfg.d_model))
+
+    convert = {"attention": attention, "norm": norm, "ffn": ffn}
+    for kind, mine, theirs in module_pairs(cfg):
+        convert[kind](theirs, mine)
+
+    out["model.encoder.embed_tokens.weight"] = cols(ours["encoder.embed.weight"])
+    out["model.decoder.embed_tokens.weight"] = cols(ours["decoder.embed.weight"])
+    if cfg.share_embeddings:
+        out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
+    out["lm_head.weight"] = cols(ours["generator.weight"])
+    out["final_logits_bias"] = bias("generator.bias", cfg.target_vocab_size).reshape(1, -1)
+
+    unknown = sorted(set(hf_keys) - set(out) - {k for k in hf_keys if "embed_positions" in k})
+    if unknown:
+        raise AtencionError(f"hf export: MarianMTModel has tensors this exporter does not fill: {unknown[:5]}")
+    return {k: v.contiguous().clone() for k, v in out.items() if k in hf_keys}
+
+
+def to_marian(model):
+    """A ``transformers.MarianMTModel`` computing the same logits as the atencion ``model``."""
+    from transformers import MarianMTModel
+
+    hf = MarianMTModel(marian_config(model.cfg)).eval()
+    state = hf.state_dict()
+    weights = marian_state_dict(model, state.keys())
+    hf.load_state_dict({**state, **weights})   # the sinusoid tables stay Marian's own
+    return hf
