@@ -30,7 +30,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete
+from .common import Pair, export_tensors, import_tensors, load_complete, weight_and_bias
 
 
 def marian_to_paper_permutation(d_model: int) -> Tensor:
@@ -79,26 +79,46 @@ def config_from_marian(hf_config) -> ModelConfig:
     )
 
 
-def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
-    """(kind, atencion prefix, Marian prefix) for every attention, LayerNorm and FFN of the
-    two layouts, kind being "attention", "norm" or "ffn": the one correspondence that the
-    importer and the exporter here both walk."""
+def name_map(cfg: ModelConfig) -> list[Pair]:
+    """The one table the importer and the exporter both walk: every atencion parameter and its
+    Marian name, with the permutation of point 1 on each d_model axis (``cols``: an input axis;
+    ``rows``: an output axis, i.e. weight rows or a bias/LayerNorm vector) and its inverse."""
+    # paper_features = marian_features[..., perm], so marian_features = paper_features[..., inverse]
+    perm = marian_to_paper_permutation(cfg.d_model)
+    inverse = torch.argsort(perm)
+    cols = (lambda t: t[:, perm], lambda t: t[:, inverse])
+    rows = (lambda t: t[perm], lambda t: t[inverse])
+
+    def attention(ours: str, theirs: str) -> list[Pair]:
+        qkv = [f"{theirs}.{p}_proj" for p in "qkv"]
+        return [Pair(f"{ours}.in_proj.weight", tuple(f"{name}.weight" for name in qkv), *cols),
+                Pair(f"{ours}.in_proj.bias", tuple(f"{name}.bias" for name in qkv)),
+                *weight_and_bias(f"{ours}.out_proj", f"{theirs}.out_proj", *rows)]
+
+    def ffn(ours: str, theirs: str) -> list[Pair]:
+        return [Pair(f"{ours}.linear1.weight", f"{theirs}.fc1.weight", *cols),
+                Pair(f"{ours}.linear1.bias", f"{theirs}.fc1.bias"),
+                *weight_and_bias(f"{ours}.linear2", f"{theirs}.fc2", *rows)]
+
     pairs = []
     for i in range(cfg.n_layers):
         ours, theirs = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
-        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.self_attn"),
-                  ("norm", f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm"),
-                  ("ffn", f"{ours}.ffn", theirs),
-                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")]
+        pairs += [*attention(f"{ours}.self_attn", f"{theirs}.self_attn"),
+                  *weight_and_bias(f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm", *rows),
+                  *ffn(f"{ours}.ffn", theirs),
+                  *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm", *rows)]
     for i in range(cfg.decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
-        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.self_attn"),
-                  ("norm", f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm"),
-                  ("attention", f"{ours}.cross_attn", f"{theirs}.encoder_attn"),
-                  ("norm", f"{ours}.res_cross.norm", f"{theirs}.encoder_attn_layer_norm"),
-                  ("ffn", f"{ours}.ffn", theirs),
-                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm")]
-    return pairs
+        pairs += [*attention(f"{ours}.self_attn", f"{theirs}.self_attn"),
+                  *weight_and_bias(f"{ours}.res_self.norm", f"{theirs}.self_attn_layer_norm", *rows),
+                  *attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn"),
+                  *weight_and_bias(f"{ours}.res_cross.norm", f"{theirs}.encoder_attn_layer_norm", *rows),
+                  *ffn(f"{ours}.ffn", theirs),
+                  *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.final_layer_norm", *rows)]
+    return pairs + [Pair("encoder.embed.weight", "model.encoder.embed_tokens.weight", *cols),
+                    Pair("decoder.embed.weight", "model.decoder.embed_tokens.weight", *cols),
+                    Pair("generator.weight", "lm_head.weight", *cols),
+                    Pair("generator.bias", "final_logits_bias", lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))]
 
 
 def from_marian(hf_model) -> Transformer:
@@ -106,42 +126,7 @@ def from_marian(hf_model) -> Transformer:
     cfg = config_from_marian(hf_model.config)
     model = Transformer(cfg)
     src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    perm = marian_to_paper_permutation(cfg.d_model)
-
-    def cols(t):  # a d_model input axis
-        return t[:, perm]
-
-    def rows(t):  # a d_model output axis (weight rows or a bias/LayerNorm vector)
-        return t[perm]
-
-    out: dict[str, Tensor] = {}
-
-    def attention(ours: str, theirs: str) -> None:
-        out[f"{ours}.in_proj.weight"] = cols(torch.cat([src[f"{theirs}.{p}_proj.weight"] for p in "qkv"]))
-        out[f"{ours}.in_proj.bias"] = torch.cat([src[f"{theirs}.{p}_proj.bias"] for p in "qkv"])
-        out[f"{ours}.out_proj.weight"] = rows(src[f"{theirs}.out_proj.weight"])
-        out[f"{ours}.out_proj.bias"] = rows(src[f"{theirs}.out_proj.bias"])
-
-    def norm(ours: str, theirs: str) -> None:
-        out[f"{ours}.weight"] = rows(src[f"{theirs}.weight"])
-        out[f"{ours}.bias"] = rows(src[f"{theirs}.bias"])
-
-    def ffn(ours: str, theirs: str) -> None:
-        out[f"{ours}.linear1.weight"] = cols(src[f"{theirs}.fc1.weight"])
-        out[f"{ours}.linear1.bias"] = src[f"{theirs}.fc1.bias"]
-        out[f"{ours}.linear2.weight"] = rows(src[f"{theirs}.fc2.weight"])
-        out[f"{ours}.linear2.bias"] = rows(src[f"{theirs}.fc2.bias"])
-
-    convert = {"attention": attention, "norm": norm, "ffn": ffn}
-    for kind, ours, theirs in module_pairs(cfg):
-        convert[kind](ours, theirs)
-
-    out["encoder.embed.weight"] = cols(src["model.encoder.embed_tokens.weight"])
-    out["decoder.embed.weight"] = cols(src["model.decoder.embed_tokens.weight"])
-    out["generator.weight"] = cols(src["lm_head.weight"])
-    out["generator.bias"] = src["final_logits_bias"].reshape(-1)
-
-    return load_complete(model, out, "Marian import")
+    return load_complete(model, import_tensors(name_map(cfg), src), "Marian import")
 
 
 MARIAN_LAYER_NORM_EPS = 1e-5
@@ -191,54 +176,15 @@ def marian_config(cfg):
     )
 
 
-def marian_state_dict(model, hf_keys) -> dict[str, Tensor]:
-    """Every tensor of a MarianMTModel (names in ``hf_keys``) from the atencion ``model``."""
+def marian_state_dict(model, target: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Every tensor of a MarianMTModel (``target``: its own state dict) from the atencion ``model``."""
     cfg = model.cfg
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    # paper_features = marian_features[..., perm], so marian_features = paper_features[..., inverse]
-    inverse = torch.argsort(marian_to_paper_permutation(cfg.d_model))
-
-    def cols(t):   # a d_model input axis
-        return t[:, inverse]
-
-    def rows(t):   # a d_model output axis (weight rows, or a bias/LayerNorm vector)
-        return t[inverse]
-
-    def bias(name: str, size: int) -> Tensor:
-        return ours[name] if name in ours else torch.zeros(size)
-
-    out: dict[str, Tensor] = {}
-
-    def attention(theirs: str, mine: str) -> None:
-        d = cfg.d_model
-        for j, p in enumerate("qkv"):
-            out[f"{theirs}.{p}_proj.weight"] = cols(ours[f"{mine}.in_proj.weight"][j * d:(j + 1) * d])
-            out[f"{theirs}.{p}_proj.bias"] = bias(f"{mine}.in_proj.bias", 3 * d)[j * d:(j + 1) * d]
-        out[f"{theirs}.out_proj.weight"] = rows(ours[f"{mine}.out_proj.weight"])
-        out[f"{theirs}.out_proj.bias"] = rows(bias(f"{mine}.out_proj.bias", d))
-
-    def norm(theirs: str, mine: str) -> None:
-        out[f"{theirs}.weight"] = rows(ours[f"{mine}.weight"])
-        out[f"{theirs}.bias"] = rows(ours[f"{mine}.bias"])
-
-    def ffn(theirs: str, mine: str) -> None:
-        out[f"{theirs}.fc1.weight"] = cols(ours[f"{mine}.linear1.weight"])
-        out[f"{theirs}.fc1.bias"] = bias(f"{mine}.linear1.bias", cfg.d_ff)
-        out[f"{theirs}.fc2.weight"] = rows(ours[f"{mine}.linear2.weight"])
-        out[f"{theirs}.fc2.bias"] = rows(bias(f"{mine}.linear2.bias", cfg.d_model))
-
-    convert = {"attention": attention, "norm": norm, "ffn": ffn}
-    for kind, mine, theirs in module_pairs(cfg):
-        convert[kind](theirs, mine)
-
-    out["model.encoder.embed_tokens.weight"] = cols(ours["encoder.embed.weight"])
-    out["model.decoder.embed_tokens.weight"] = cols(ours["decoder.embed.weight"])
+    out = export_tensors(name_map(cfg), ours, target)  # biases we lack (bias: false) as zeros
     if cfg.share_embeddings:
         out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
-    out["lm_head.weight"] = cols(ours["generator.weight"])
-    out["final_logits_bias"] = bias("generator.bias", cfg.target_vocab_size).reshape(1, -1)
-
-    unknown = sorted(set(hf_keys) - set(out) - {k for k in hf_keys if "embed_positions" in k})
+    hf_keys = set(target)
+    unknown = sorted(hf_keys - set(out) - {k for k in hf_keys if "embed_positions" in k})
     if unknown:
         raise AtencionError(f"hf export: MarianMTModel has tensors this exporter does not fill: {unknown[:5]}")
     return {k: v.contiguous().clone() for k, v in out.items() if k in hf_keys}
@@ -250,6 +196,6 @@ def to_marian(model):
 
     hf = MarianMTModel(marian_config(model.cfg)).eval()
     state = hf.state_dict()
-    weights = marian_state_dict(model, state.keys())
+    weights = marian_state_dict(model, state)
     hf.load_state_dict({**state, **weights})   # the sinusoid tables stay Marian's own
     return hf
