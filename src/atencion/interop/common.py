@@ -36,6 +36,19 @@ def weight_and_bias(ours: str, theirs: str | tuple[str, ...], to_ours=None, to_t
                  to_ours, to_theirs) for p in ("weight", "bias")]
 
 
+def per_head_qkv(n_heads: int) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(to_ours, to_theirs) between a projection fused per head, whose output rows (and bias) are
+    (heads, [q; k; v], d_k) (GPT-NeoX's and Bloom's ``query_key_value``), and atencion's
+    ``in_proj``, which stacks all the queries, then all the keys, then all the values."""
+    def to_ours(t: Tensor) -> Tensor:
+        return t.reshape(n_heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    def to_theirs(t: Tensor) -> Tensor:
+        return t.reshape(3, n_heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    return to_ours, to_theirs
+
+
 def _names(pair: Pair) -> tuple[str, ...]:
     return (pair.theirs,) if isinstance(pair.theirs, str) else pair.theirs
 

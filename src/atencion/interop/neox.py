@@ -17,12 +17,10 @@ in layout or need refusing:
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
+from .common import Pair, export_tensors, import_tensors, load_complete, per_head_qkv, require, weight_and_bias
 
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -128,18 +126,6 @@ def neox_config(cfg: ModelConfig):
     )
 
 
-def neox_qkv_to_stacked(t: Tensor, n_heads: int) -> Tensor:
-    """NeoX's per-head fused rows (heads, [q; k; v], d_k, ...) → atencion's [Q; K; V] rows."""
-    rest = t.shape[1:]
-    return t.reshape(n_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def stacked_to_neox_qkv(t: Tensor, n_heads: int) -> Tensor:
-    """atencion's [Q; K; V] rows → NeoX's per-head fused rows: the inverse of the above."""
-    rest = t.shape[1:]
-    return t.reshape(3, n_heads, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
 def _head_name(state: dict) -> str:
     """The output projection's name: ``lm_head`` (transformers 5) or ``embed_out`` (before)."""
     return "embed_out" if "embed_out.weight" in state else "lm_head"
@@ -149,7 +135,7 @@ def name_map(cfg: ModelConfig, head: str = "lm_head") -> list[Pair]:
     """The one table both directions walk: every atencion parameter and its NeoX name, the fused
     ``query_key_value`` reordered each way (point 1). ``head`` is the output projection's name
     (see :func:`_head_name`); a tied one is the embedding table and is not listed."""
-    qkv = (lambda t: neox_qkv_to_stacked(t, cfg.n_heads), lambda t: stacked_to_neox_qkv(t, cfg.n_heads))
+    qkv = per_head_qkv(cfg.n_heads)
     pairs = [Pair("decoder.embed.weight", "gpt_neox.embed_in.weight"),
              *weight_and_bias("decoder.final_norm", "gpt_neox.final_layer_norm")]
     if not cfg.tie_output:
