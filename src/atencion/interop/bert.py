@@ -45,7 +45,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, weight_and_bias
+from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
 
 # BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
@@ -97,21 +97,14 @@ def config_from_bert(hf_config) -> ModelConfig:
 
 def check_bert(cfg: ModelConfig) -> None:
     """Raise AtencionError, naming the first key, unless BertForMaskedLM can compute ``cfg``'s model."""
-    wrong = [
-        ("arch", cfg.arch != "encoder", "BERT is an encoder (arch 'encoder')"),
-        ("norm_first", cfg.norm_first, "BERT is post-LN (it normalizes after each residual sum)"),
-        ("norm", cfg.norm != "layernorm", "BERT uses LayerNorm"),
-        ("positional", cfg.positional != "learned", "BERT adds learned absolute positions ('learned')"),
-        ("embedding_norm", not cfg.embedding_norm, "BERT always normalizes its embeddings"),
-        ("scale_embedding", cfg.scale_embedding, "BERT does not scale its embeddings by sqrt(d_model)"),
-        ("scale_attention", not cfg.scale_attention, "BERT divides the attention scores by sqrt(d_k)"),
-        ("bias", not cfg.bias, "BERT's projections all have biases"),
-        ("activation", cfg.activation not in HIDDEN_ACT, f"BERT's hidden_act covers {sorted(HIDDEN_ACT)}"),
-        ("num_labels", cfg.num_labels != 0, "BertForMaskedLM has no classification head"),
-    ]
-    for key, bad, why in wrong:
-        if bad:
-            raise AtencionError(f"BERT export: {key}={getattr(cfg, key)!r}; {why}")
+    wanted = [("arch", "encoder"), ("norm_first", False), ("norm", "layernorm"),
+              ("positional", "learned"),
+              ("embedding_norm", True), ("scale_embedding", False), ("scale_attention", True), ("bias", True),
+              ("num_labels", 0)]
+    require(cfg, wanted, "BERT export", "BertForMaskedLM")
+    if cfg.activation not in HIDDEN_ACT:
+        raise AtencionError(f"BERT export: activation={cfg.activation!r}; BERT's hidden_act covers "
+                            f"{sorted(HIDDEN_ACT)}")
 
 
 def bert_config(cfg: ModelConfig):
