@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from ..errors import AtencionError
-from ..nn.positional import ABSOLUTE, position_kind
+from ..nn.positional import kinds, position_kind
 
 FORMATS = ("ctranslate2", "hf", "onnx")
 NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"]}
@@ -59,7 +59,7 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     cfg = model.cfg
     if position_kind(cfg).role != "absolute":
         raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
-                            f"exported yet; only {' and '.join(ABSOLUTE)} positions can")
+                            f"exported yet; only {' and '.join(kinds('absolute'))} positions can")
     if cfg.moe is not None:
         raise AtencionError(f"export to {fmt}: moe (mixture-of-experts feed-forward layers) cannot be exported; "
                             f"the exporters take one dense feed-forward network per layer")

@@ -257,8 +257,10 @@ POSITIONS: dict[str, PositionKind] = {kind.name: kind for kind in (
                  lambda cfg: T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)),
 )}
 
-ABSOLUTE = tuple(name for name, kind in POSITIONS.items() if kind.role == "absolute")
-RELATIVE = tuple(name for name, kind in POSITIONS.items() if kind.role == "relative")
+
+def kinds(role: str) -> tuple[str, ...]:
+    """The names of the kinds of one ``role``, in POSITIONS order."""
+    return tuple(name for name, kind in POSITIONS.items() if kind.role == role)
 
 
 def position_kind(cfg) -> PositionKind:
