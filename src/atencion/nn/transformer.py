@@ -15,22 +15,7 @@ from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
 from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
-from .positional import (
-    LearnedPositionalEmbedding,
-    RotaryPositions,
-    SinusoidalPositionalEncoding,
-    TokenEmbedding,
-    relative_positions,
-)
-
-
-def _positions(cfg: ModelConfig) -> nn.Module | None:
-    """The absolute positions added to the embeddings; None for a relative kind."""
-    if cfg.positional == "learned":
-        return LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions)
-    if cfg.positional == "sinusoidal":
-        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
-    return None
+from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
 
 
 def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: bool,
@@ -50,7 +35,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
         super().__init__()
         self.embed = embed
-        self.positions = _positions(cfg)
+        self.positions = absolute_positions(cfg)
         self.relative = relative_positions(cfg)
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
@@ -98,7 +83,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: TokenEmbedding, cross: bool = True):
         super().__init__()
         self.embed = embed
-        self.positions = _positions(cfg)
+        self.positions = absolute_positions(cfg)
         self.relative = relative_positions(cfg)
         # Bloom normalizes its embeddings too (decoder-only models only: BERT's is the encoder's)
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) \

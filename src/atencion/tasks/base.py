@@ -25,6 +25,7 @@ from ..config import ModelConfig
 from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
+from ..nn.positional import position_limit as positions_of
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -227,6 +228,6 @@ def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int 
 
 
 def position_limit(model) -> int | None:
-    """How many positions the model can read: its learned position table's rows, or None (sinusoids
-    and relative positions extend without limit)."""
-    return model.cfg.max_positions if model.cfg.positional == "learned" else None
+    """How many positions the model can read (nn/positional.py): a learned table's rows, or None
+    (sinusoids and relative positions extend without limit)."""
+    return positions_of(model.cfg)

@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
 from ..nn.lora import LoraSpec
+from ..nn.positional import position_limit
 from ..tasks import TASKS
 
 
@@ -360,13 +361,14 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
         raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
-    if model.positional != "learned" or model.arch == "rnn":  # an RNN has no position table
+    limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
+    if limit is None:
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
-    if longest > model.max_positions:
+    if longest > limit:
         raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
-                            f"positions stop at model.max_positions={model.max_positions}")
+                            f"positions stop at model.max_positions={limit}")
 
 
 def dump_config(cfg: TrainConfig) -> str:
