@@ -61,7 +61,9 @@ class MoEFeedForward(nn.Module):
         if not self.renormalize:
             gates = top_p                                                      # g = p (Switch)
         elif k == 1:
-            gates = torch.ones_like(top_p)  # p / p is 1, but its gradient is rounding noise (~1e-9), not 0
+            # p / p is 1, but its gradient is rounding noise (~1e-9), not 0; sign(p) is 1 (p >= 1/E > 0)
+            # with a zero gradient, and keeps the router in the output's graph, as DDP expects
+            gates = torch.sign(top_p)
         else:
             gates = top_p / top_p.sum(dim=-1, keepdim=True)                    # g, renormalised: sums to 1
         # the T·k assignments in token order: token t's first choice, its second, ..., then t + 1's
