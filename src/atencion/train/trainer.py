@@ -33,7 +33,7 @@ from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_c
 from ..nn.model import Model, build_model
 from ..nn.moe import RoutingStats, moe_aux_loss
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
+from .config import INIT_FROM_KEYS, OptimConfig, TrainConfig, check_task_model, dump_config
 from .schedule import learning_rate
 from .tasks import make_task
 
@@ -71,6 +71,18 @@ def _device(name: str) -> torch.device:
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cpu")
     return resolve_device(name, "train.device")
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters (§5.3, weight_decay an L2 term), or AdamW with decoupled decay."""
+    t = train_cfg
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
+    if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's groups)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
+    return torch.optim.Adam(params, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay,
+                            fused=True)  # lr=0: the schedule sets each update's rate
 
 
 class Trainer:
@@ -158,14 +170,7 @@ class Trainer:
         unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
         self.ddp = (torch.nn.parallel.DistributedDataParallel(
             self.model, find_unused_parameters=unused) if self.dist.world > 1 else self.model)
-        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
-        if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's)
-            groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-            self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=0.0, betas=t.adam_betas,
-                                              eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
+        self.optimizer = build_optimizer(self.model, t)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
                                       "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
                                       "valid_seconds": 0.0, "update_seconds": 0.0, "target_tokens": 0}
