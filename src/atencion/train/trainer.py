@@ -33,7 +33,7 @@ from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_c
 from ..nn.model import Model, build_model
 from ..nn.moe import RoutingStats, moe_aux_loss
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import INIT_FROM_KEYS, OptimConfig, TrainConfig, check_task_model, dump_config
+from .config import OptimConfig, TrainConfig, dump_config
 from .schedule import learning_rate
 from .tasks import make_task
 
@@ -141,11 +141,9 @@ class Trainer:
         self.task.encode(self.tokenizer)
 
         tok = self.tokenizer
-        if start is not None or (resume and t.init_from is not None):  # a fine-tuning run: its model's shape
-            model_cfg = _init_from_config((start or saved).cfg, cfg, self.task.model_values())
-        else:
-            model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
-                                         **self.task.model_values())
+        shape = (start or saved).cfg if start is not None or (resume and t.init_from is not None) else None
+        model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
+                                     self.task.model_values(), start=shape)  # a fine-tuning run: its model's shape
         if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = build_model(model_cfg).to(self.device)
@@ -443,37 +441,6 @@ class Trainer:
             for i, shares in enumerate(record.get("moe_share", [])):
                 for j, share in enumerate(shares):
                     self._writer.add_scalar(f"moe/layer{i}/expert{j}", share, record["step"])
-
-
-def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -> ModelConfig:
-    """The model of a run started from train.init_from: the saved one, with the dropout and the
-    head the new config and task ask for."""
-    values = start.to_dict()
-    where = f"train.init_from {cfg.train.init_from}"
-    if cfg.model:  # the config's model must be the one it starts from, but for dropout and the head
-        try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
-            given = (ModelConfig.from_dict({**values, **cfg.model}, source=None).to_dict()
-                     if "preset" not in cfg.model else
-                     cfg.model_config(start.vocab_size, start.tgt_vocab_size, **task_values).to_dict())
-        except AtencionError as err:
-            raise AtencionError(f"{where}: model.{err}") from None
-        for key, value in given.items():
-            if key not in INIT_FROM_KEYS | {"num_labels", "labels"} and value != values[key]:
-                raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; a "
-                                    f"model started from train.init_from keeps its shape (the model section "
-                                    f"may change {sorted(INIT_FROM_KEYS)})")
-    values.update({key: value for key, value in cfg.model.items() if key in INIT_FROM_KEYS})
-    if cfg.task != "classify":
-        values.update(num_labels=0, labels=None)
-    elif "pooling" not in cfg.model and start.arch == "decoder":
-        values["pooling"] = "last"
-    values.update(task_values)
-    try:
-        model_cfg = ModelConfig.from_dict(values, source=None)
-    except AtencionError as err:
-        raise AtencionError(f"{where}: {err}") from None
-    check_task_model(cfg, model_cfg, where)
-    return model_cfg
 
 
 def _check_lora_base(start: Model, cfg: TrainConfig) -> None:
