@@ -101,22 +101,51 @@ class TrainConfig:
     def early_stop_metric(self) -> str:
         return self.train.early_stop_metric or TASKS[self.task].metric
 
-    def model_config(self, vocab_size: int, tgt_vocab_size: int | None, **task_values: Any) -> ModelConfig:
-        """The model the config describes for a tokenizer of ``vocab_size`` pieces; ``task_values``
-        are what the data decides (a classifier's labels)."""
-        values = {**self.model, **task_values}
-        preset = values.pop("preset", None if self.train.init_from else TASKS[self.task].preset)
-        if self.task == "classify" and "pooling" not in values:
-            arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
-            if arch == "decoder":
-                values["pooling"] = "last"
-        values["vocab_size"] = vocab_size
-        if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
-            values["tgt_vocab_size"] = tgt_vocab_size
-            values.setdefault("share_embeddings", False)
-        if preset is None:
-            return ModelConfig.from_dict(values, source=None)
-        return ModelConfig.preset(preset, **values)
+    def model_config(self, vocab_size: int, tgt_vocab_size: int | None, task_values: dict[str, Any] | None = None,
+                     start: ModelConfig | None = None) -> ModelConfig:
+        """The run's model: the model section's over these vocabularies, or train.init_from's (``start``) re-headed."""
+        task_values = task_values or {}  # what the data decides (a classifier's labels)
+        if start is None:  # a new model: the model section over the task's preset
+            values = {**self.model, **task_values}
+            preset = values.pop("preset", None if self.train.init_from else TASKS[self.task].preset)
+            if self.task == "classify" and "pooling" not in values:
+                arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
+                if arch == "decoder":
+                    values["pooling"] = "last"
+            values["vocab_size"] = vocab_size
+            if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
+                values["tgt_vocab_size"] = tgt_vocab_size
+                values.setdefault("share_embeddings", False)
+            if preset is None:
+                return ModelConfig.from_dict(values, source=None)
+            return ModelConfig.preset(preset, **values)
+        # a model started from train.init_from (``start``): its shape and vocabularies (its tokenizer's), with the
+        # dropout and the head the config and the task ask for
+        values = start.to_dict()
+        where = f"train.init_from {self.train.init_from}"
+        if self.model:  # the config's model must be the one it starts from, but for dropout and the head
+            try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
+                given = (ModelConfig.from_dict({**values, **self.model}, source=None) if "preset" not in self.model
+                         else self.model_config(start.vocab_size, start.tgt_vocab_size, task_values))
+            except AtencionError as err:
+                raise AtencionError(f"{where}: model.{err}") from None
+            for key, value in given.to_dict().items():
+                if key not in INIT_FROM_KEYS | {"num_labels", "labels", "task"} and value != values[key]:
+                    raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; "
+                                        f"a model started from train.init_from keeps its shape (the model section "
+                                        f"may change {sorted(INIT_FROM_KEYS)})")
+        values.update({key: value for key, value in self.model.items() if key in INIT_FROM_KEYS})
+        if self.task != "classify":
+            values.update(num_labels=0, labels=None)
+        elif "pooling" not in self.model and start.arch == "decoder":
+            values["pooling"] = "last"
+        values.update(task_values)
+        try:
+            model_cfg = ModelConfig.from_dict(values, source=None)
+        except AtencionError as err:
+            raise AtencionError(f"{where}: {err}") from None
+        check_task_model(self, model_cfg, where)
+        return model_cfg
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -348,7 +377,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
         task_values = {"task": cfg.task, **({"num_labels": 2} if cfg.task == "classify" else {})}
-        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, **task_values)
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, task_values)
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
