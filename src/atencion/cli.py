@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .allocator import keep_freed_memory
-from .config import TWO_STACKS
 from .errors import AtencionError, Interrupted
-from .fileio import need_dir, need_file, need_output_dir
 
 if TYPE_CHECKING:
     from .decode.settings import DecodeConfig
@@ -102,38 +100,9 @@ def add_presets_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_presets(args: argparse.Namespace) -> None:
     """Build a tiny model, run it on an example batch, and list every preset's shape and parameter
     count, beside the count its paper publishes (the paper's vocabulary)."""
-    import torch
+    from .viz.presets import presets_report
 
-    from . import ModelConfig, Transformer
-    from .config import PRESETS, PUBLISHED
-
-    torch.manual_seed(0)
-    cfg = ModelConfig.preset("tiny", vocab_size=args.tiny_vocab)
-    model = Transformer(cfg).eval()
-    src = torch.randint(4, cfg.vocab_size, (2, 7))
-    src[1, 5:] = cfg.pad_id
-    tgt_in = torch.randint(4, cfg.vocab_size, (2, 5))
-    tgt_in[:, 0] = cfg.bos_id
-    with torch.no_grad():
-        logits = model(src, tgt_in)
-    print(f"tiny model on an example batch: src_ids {tuple(src.shape)} + tgt_in_ids "
-          f"{tuple(tgt_in.shape)} -> logits {tuple(logits.shape)}")
-    print()
-    print(f"{'preset':<10}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'dropout':>9}"
-          f"{'vocab':>8}{'parameters':>13}  published")
-    for name in PRESETS:
-        if name in ("base", "big"):
-            vocab = args.vocab
-        elif name in PUBLISHED or name == "bert-tiny":
-            vocab = PUBLISHED["bert-base" if name == "bert-tiny" else name][0]  # BERT-Tiny: BERT's WordPiece
-        else:
-            vocab = args.tiny_vocab
-        cfg = ModelConfig.preset(name, vocab_size=vocab)
-        with torch.device("meta"):
-            n = Transformer(cfg).num_parameters()
-        published = PUBLISHED[name][1] if name in PUBLISHED and vocab == PUBLISHED[name][0] else ""
-        print(f"{name:<10}{cfg.arch:<16}{cfg.positional:<11}{cfg.n_layers:>3}{cfg.d_model:>9}{cfg.d_ff:>7}"
-              f"{cfg.n_heads:>4}{cfg.dropout:>9}{vocab:>8}{n / 1e6:>12.1f}M  {published}")
+    sys.stdout.write(presets_report(args.vocab, args.tiny_vocab))
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -152,17 +121,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     (a few minutes on a laptop CPU), translate examples; the last line is a JSON summary."""
     import time
 
-    from .demo.run import run_demo
+    from .demo.run import format_examples, run_demo
 
-    out = need_output_dir(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), "--out")
-    if args.config:
-        need_file(args.config, "--config")
-    summary = run_demo(out, args.config, args.set or [], n_train=args.train_size,
-                       n_test=args.test_size, seed=args.seed)
-    for example in summary.pop("examples"):
-        right = example["translation"] == example["expected"]
-        print(f"{'✓' if right else '✗'} {example['src']}  →  {example['translation']}"
-              + ("" if right else f"   (expected: {example['expected']})"))
+    summary = run_demo(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), args.config, args.set or [],
+                       n_train=args.train_size, n_test=args.test_size, seed=args.seed)
+    sys.stdout.write(format_examples(summary.pop("examples")))
     print(json.dumps(summary))
 
 
@@ -178,16 +141,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     """Train a model from a YAML config (see configs/reference.yaml): its task: is translate (an
     encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking) or
     classify (a label per sentence, label<TAB>text)."""
-    from .train.config import load_config
-    from .train.trainer import train
+    from .train.trainer import train_file
 
-    need_file(args.config, "CONFIG")
-    if args.resume:
-        need_dir(args.out, "--out")
-    cfg = load_config(args.config, args.set or [])
-    command = ["atencion", "train", args.config, "--out", args.out, *(f"--set={s}" for s in args.set or [])]
-    summary = train(cfg, args.out, resume=args.resume, command=command)
-    print(json.dumps(summary))
+    print(json.dumps(train_file(args.config, args.out, args.set or [], args.resume)))
 
 
 def add_translate_arguments(p: argparse.ArgumentParser) -> None:
@@ -341,7 +297,6 @@ def cmd_download(args: argparse.Namespace) -> None:
     """Download a public dataset (Multi30k task 1: raw/ and tok/ files, train/val/test2016)."""
     from .data.download import MULTI30K_URL, download_multi30k
 
-    need_output_dir(args.out, "--out", empty=False)
     written = download_multi30k(args.out, args.base_url or MULTI30K_URL)
     print(json.dumps({"dataset": args.dataset, "out": args.out, "files_written": len(written)}))
 
@@ -370,16 +325,6 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
 
 
-# The options of `atencion attention` that only some architectures take: the archs, and what the option is.
-ATTENTION_OPTIONS = {
-    "tgt": (TWO_STACKS, "teacher-forces a translation's target, for its cross-attention and alignment"),
-    "shift": (TWO_STACKS, "picks a translation's cross-attention rows, for its alignment"),
-    "beam": (TWO_STACKS, "is the beam of the translation shown (a GPT generates greedily: "
-                                   "--max-new-tokens)"),
-    "max_new_tokens": (("decoder",), "is the number of tokens a GPT generates after --text"),
-}
-
-
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write every attention map of one sentence pair into --out: encoder.png, decoder.png,
     cross.png (layers × heads), cross_mean.png, bertviz.json and attention.html. Without --tgt
@@ -387,25 +332,11 @@ def cmd_attention(args: argparse.Namespace) -> None:
     BERT has self-attention only: decoder.png (GPT, causal, over --text and the
     --max-new-tokens it generates greedily) or encoder.png (BERT, over <s> --text </s>), its
     KIND_mean.png, bertviz.json and attention.html."""
-    from .decode.settings import DecodeConfig
-    from .model_dir import load_model_dir
-    from .viz.attention import ARCH_NAMES, CAUTION
-    from .viz.report import write_attention_report, write_self_attention_report
+    from .viz.attention import CAUTION
+    from .viz.report import attention_report
 
-    need_output_dir(args.out, "--out", empty=False)
-    model, tokenizer = load_model_dir(args.model, args.device)
-    arch = model.cfg.arch
-    for name, (archs, what) in ATTENTION_OPTIONS.items():
-        if getattr(args, name) not in (None, 0) and arch not in archs:
-            raise AtencionError(f"--{name.replace('_', '-')} {what}; this model is {ARCH_NAMES[arch]}, so it "
-                                f"does not apply")
-    if arch in TWO_STACKS:
-        decode = DecodeConfig() if args.beam is None else DecodeConfig(beam=args.beam)
-        summary = write_attention_report(model, tokenizer, args.src, args.out, args.tgt, args.words,
-                                         args.shift or "predict", decode, args.max_tokens)
-    else:
-        summary = write_self_attention_report(model, tokenizer, args.src, args.out, args.words, args.max_new_tokens,
-                                              args.max_tokens)
+    summary = attention_report(args.model, args.src, args.out, args.tgt, args.words, args.shift, args.beam,
+                               args.max_new_tokens, args.max_tokens, args.device)
     print(f"note: {CAUTION}", file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False))
 
@@ -427,15 +358,11 @@ def cmd_aer(args: argparse.Namespace) -> None:
     """Alignment error rate of cross-attention: teacher-force each gold target (no decoding), link
     every target word to the source word it attends to most (per layer with heads averaged, and
     all layers averaged), score against --align; prints a markdown table, then one JSON line."""
-    from .data.corpus import read_lines
-    from .model_dir import load_model_dir
-    from .viz.attention import CAUTION, evaluate_alignment, format_aer_table
+    from .viz.attention import CAUTION, format_aer_table
+    from .viz.report import aer_report
 
-    files = [need_file(getattr(args, option), "--" + option) for option in ("src", "tgt", "align")]
-    model, tokenizer = load_model_dir(args.model, args.device)
-    result = evaluate_alignment(model, tokenizer, read_lines(files[0]), read_lines(files[1]),
-                                read_lines(files[2], allow_empty=True), args.shift, args.max_sentences,
-                                names=[str(f) for f in files], max_tokens=args.max_tokens)
+    result = aer_report(args.model, args.src, args.tgt, args.align, args.shift, args.max_sentences, args.max_tokens,
+                        args.device)
     print(f"note: {CAUTION}", file=sys.stderr)
     print(format_aer_table(result))
     print(json.dumps(result))
@@ -451,12 +378,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
     lengths, Table 1 measured (time and memory per layer), and why attention divides by √d_k."""
     from .viz.figures import FigureSettings, summary, write_figures
 
-    need_output_dir(args.out, "--out", empty=False)
-    result = write_figures(args.out, FigureSettings.quick() if args.quick else FigureSettings.full())
-    print(summary(result))
-    print("wrote:")
-    for path in result["files"]:
-        print(f"  {path}")
+    print(summary(write_figures(args.out, FigureSettings.quick() if args.quick else FigureSettings.full())))
 
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
@@ -470,8 +392,6 @@ def cmd_export(args: argparse.Namespace) -> None:
     Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
     from .export import export_model_dir
 
-    need_dir(args.model, "--model")
-    need_output_dir(args.out, "--out")
     files = export_model_dir(args.model, args.out, args.format)
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
 

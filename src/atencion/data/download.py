@@ -21,9 +21,9 @@ def download_multi30k(out: str | Path, base_url: str = MULTI30K_URL) -> list[Pat
 
     Files already there are kept; each new file is written under a temporary name, then renamed.
     """
-    from ..fileio import atomic_write_bytes
+    from ..fileio import atomic_write_bytes, need_output_dir
 
-    out = Path(out)
+    out = need_output_dir(out, "--out", empty=False)
     written = []
     for split in SPLITS:
         for lang in LANGUAGES:

@@ -26,12 +26,15 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
     from ..decode.settings import DecodeConfig
     from ..decode.translate import translate_lines
     from ..evaluate import score
+    from ..fileio import need_file, need_output_dir
     from ..model_dir import load_model_dir
     from ..train.config import load_config
     from ..train.trainer import train
 
     start = time.time()
-    out = Path(out)
+    out = need_output_dir(out, "--out")
+    if config is not None:
+        need_file(config, "--config")
     data = out / "data"
     train_pairs, held_out = grammar.split(n_train, n_valid + n_test, seed=seed)
     valid_pairs, test_pairs = held_out[:n_valid], held_out[n_valid:]
@@ -63,3 +66,13 @@ def _config_path() -> Path:
         raise MissingFileError(f"{DEFAULT_CONFIG}: the demo config is not there (an installed copy "
                                 f"without the source tree?); pass --config configs/toy_es_en.yaml")
     return DEFAULT_CONFIG
+
+
+def format_examples(examples: list[dict[str, str]]) -> str:
+    """One line per example: ✓ or ✗, the sentence, the model's translation, and the grammar's when they differ."""
+    lines = []
+    for example in examples:
+        right = example["translation"] == example["expected"]
+        lines.append(f"{'✓' if right else '✗'} {example['src']}  →  {example['translation']}"
+                     + ("" if right else f"   (expected: {example['expected']})"))
+    return "".join(line + "\n" for line in lines)

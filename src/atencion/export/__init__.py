@@ -82,9 +82,12 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
     base, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
+    from ..fileio import need_dir, need_output_dir
     from ..model_dir import check_vocabularies, load_model
     from ..nn.lora import merge_lora
 
+    need_dir(model_dir, "--model")
+    need_output_dir(out, "--out")
     _writer(fmt)  # an unknown format fails before anything is loaded
     model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in
     tokenizer = None

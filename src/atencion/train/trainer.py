@@ -34,7 +34,7 @@ from ..nn.model import Model
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..tasks import make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import OptimConfig, TrainConfig, dump_config
+from .config import OptimConfig, TrainConfig, dump_config, load_config
 from .schedule import learning_rate
 
 log = logging.getLogger(__name__)
@@ -522,6 +522,20 @@ def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> Non
         if getattr(given, key) != value:
             raise AtencionError(f"{checkpoint / 'config.json'}: {key} is {value!r} but the config given now "
                                 f"makes it {getattr(given, key)!r}; the model section cannot change on --resume")
+
+
+def train_file(config: str | Path, out_dir: str | Path, overrides: list[str] = (), resume: bool = False
+               ) -> dict[str, Any]:
+    """`atencion train`: train as the YAML file ``config`` says, with ``overrides``
+    (SECTION.KEY=VALUE) applied, into ``out_dir``; ``resume`` continues the run there."""
+    from ..fileio import need_dir, need_file
+
+    need_file(config, "CONFIG")
+    if resume:
+        need_dir(out_dir, "--out")
+    cfg = load_config(config, list(overrides))
+    command = ["atencion", "train", str(config), "--out", str(out_dir), *(f"--set={s}" for s in overrides)]
+    return train(cfg, out_dir, resume=resume, command=command)
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,

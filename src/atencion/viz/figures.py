@@ -18,8 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..errors import AtencionError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, need_output_dir
 from ..nn.positional import sinusoidal_table
 from . import table1
 
@@ -355,9 +354,7 @@ def scaling_figures(out: Path, s: FigureSettings) -> tuple[list[Path], dict]:
 def write_figures(out: str | Path, settings: FigureSettings | None = None) -> dict:
     """Write every figure and table into ``out``; returns {"files": [...], "table1": …, "scaling": …}."""
     s = settings or FigureSettings.full()
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AtencionError(f"--out {out} is a file; give a directory")
+    out = need_output_dir(out, "--out", empty=False)
     out.mkdir(parents=True, exist_ok=True)
     log.info("figures: settings %s", asdict(s))
     files = positional_figures(out, s) + path_length_figure(out, s)
@@ -378,4 +375,5 @@ def summary(result: dict) -> str:
     i = variance["d_k"].index(64) if 64 in variance["d_k"] else -1
     lines.append(f"var(q·k) at d_k = {variance['d_k'][i]}: {variance['unscaled'][i]:.1f} unscaled, "
                  f"{variance['scaled'][i]:.2f} scaled by 1/√d_k")
+    lines += ["wrote:", *(f"  {path}" for path in result["files"])]
     return "\n".join(lines)

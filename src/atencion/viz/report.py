@@ -1,4 +1,5 @@
-"""`atencion attention`: every attention map of one sentence pair, written as files.
+"""`atencion attention` (``attention_report``): every attention map of one sentence pair, written
+as files; `atencion aer` (``aer_report``): how well cross-attention aligns words.
 
 OUT/encoder.png, decoder.png, cross.png   a layers × heads grid of heatmaps for each kind
 OUT/cross_mean.png                        cross-attention averaged over every head and layer
@@ -35,14 +36,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..config import TWO_STACKS
 from ..decode.settings import DecodeConfig, decode_config
 from ..errors import AtencionError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, need_file, need_output_dir
 from .attention import (
+    ARCH_NAMES,
     Attention,
     SelfAttention,
     capture_attention,
     capture_self_attention,
+    evaluate_alignment,
     format_pharaoh,
     require_cross_attention,
     self_attention_ids,
@@ -125,6 +129,53 @@ def write_self_attention_report(model, tokenizer, text: str, out: str | Path, wo
     return {"arch": model.cfg.arch, "text": attention.text, "generated": attention.generated,
             "tokens": len(attention.self_attention.rows), "new_tokens": attention.new_tokens, "words": words,
             "out": str(out), "files": files}
+
+
+# The options of `atencion attention` that only some architectures take: the archs, and what the option is.
+ATTENTION_OPTIONS = {
+    "tgt": (TWO_STACKS, "teacher-forces a translation's target, for its cross-attention and alignment"),
+    "shift": (TWO_STACKS, "picks a translation's cross-attention rows, for its alignment"),
+    "beam": (TWO_STACKS, "is the beam of the translation shown (a GPT generates greedily: --max-new-tokens)"),
+    "max_new_tokens": (("decoder",), "is the number of tokens a GPT generates after --text"),
+}
+
+
+def attention_report(model: str, src: str, out: str | Path, tgt: str | None = None, words: bool = False,
+                     shift: str | None = None, beam: int | None = None, max_new_tokens: int = 0,
+                     max_tokens: int = 128, device: str = "cpu") -> dict[str, Any]:
+    """`atencion attention`: every attention map of the model directory ``model`` on ``src``,
+    written into ``out``: a translator's (``write_attention_report``) or a GPT's or a BERT's
+    (``write_self_attention_report``). An option the model's arch does not take is refused,
+    naming it (``ATTENTION_OPTIONS``)."""
+    from ..model_dir import load_model_dir
+
+    need_output_dir(out, "--out", empty=False)
+    loaded, tokenizer = load_model_dir(model, device)
+    arch = loaded.cfg.arch
+    given = {"tgt": tgt, "shift": shift, "beam": beam, "max_new_tokens": max_new_tokens}
+    for name, (archs, what) in ATTENTION_OPTIONS.items():
+        if given[name] not in (None, 0) and arch not in archs:
+            raise AtencionError(f"--{name.replace('_', '-')} {what}; this model is {ARCH_NAMES[arch]}, so it "
+                                f"does not apply")
+    if arch in TWO_STACKS:
+        decode = DecodeConfig() if beam is None else DecodeConfig(beam=beam)
+        return write_attention_report(loaded, tokenizer, src, out, tgt, words, shift or "predict", decode, max_tokens)
+    return write_self_attention_report(loaded, tokenizer, src, out, words, max_new_tokens, max_tokens)
+
+
+def aer_report(model: str, src: str, tgt: str, align: str, shift: str = "predict", max_sentences: int = 0,
+               max_tokens: int = 1024, device: str = "cpu") -> dict[str, Any]:
+    """`atencion aer`: the alignment error rate of the model directory ``model``'s cross-attention
+    on the files ``src``, ``tgt`` (teacher-forced) and ``align`` (gold, Pharaoh); see
+    ``evaluate_alignment``."""
+    from ..data.corpus import read_lines
+    from ..model_dir import load_model_dir
+
+    files = [need_file(path, "--" + option) for path, option in ((src, "src"), (tgt, "tgt"), (align, "align"))]
+    loaded, tokenizer = load_model_dir(model, device)
+    return evaluate_alignment(loaded, tokenizer, read_lines(files[0]), read_lines(files[1]),
+                              read_lines(files[2], allow_empty=True), shift, max_sentences,
+                              names=[str(f) for f in files], max_tokens=max_tokens)
 
 
 def _output_dir(out: str | Path) -> Path:
