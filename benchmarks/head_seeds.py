@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from atencion.data.corpus import read_lines
-    from atencion.decode.model_dir import load_model_dir
     from atencion.demo.run import run_demo
+    from atencion.model_dir import load_model_dir
     from atencion.viz.attention import evaluate_alignment
 
     out = Path(args.out)

@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5")
 
 
 def train_kind(kind: str, args) -> Path:
@@ -43,15 +42,17 @@ def train_kind(kind: str, args) -> Path:
 
 def evaluate_kind(model_dir: Path, args) -> dict:
     from atencion.data.text import read_text, split_tail
-    from atencion.decode.model_dir import load_model_dir
-    from atencion.lm import evaluate_lm
+    from atencion.model_dir import load_model_dir
+    from atencion.nn.positional import position_limit
+    from atencion.tasks.lm import evaluate_lm
 
     model, tokenizer = load_model_dir(model_dir)
     _, valid = split_tail(read_text(args.text, "--text"), 0.1)
     result = {}
     for factor in args.factors:
         length = args.block * factor
-        if model.cfg.positional == "learned" and length > model.cfg.max_positions:
+        limit = position_limit(model.cfg)
+        if limit is not None and length > limit:
             result[str(factor)] = None  # the table stops at max_positions: there is no number to give
             continue
         result[str(factor)] = round(evaluate_lm(model, tokenizer, valid, block_size=length)["loss"], 4)
@@ -81,11 +82,14 @@ def figure(report: dict, path: Path, block: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from atencion.nn.positional import POSITIONS
+
+    kinds_known = tuple(POSITIONS)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/positions", help="one run directory per kind is made here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))
     parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"))
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--kinds", default=",".join(kinds_known), help=f"comma-separated, of {', '.join(kinds_known)}")
     parser.add_argument("--steps", type=int, default=2000, help="updates per model (default: 2000)")
     parser.add_argument("--block", type=int, default=64, help="training length (default: 64)")
     parser.add_argument("--batch", type=int, default=12, help="blocks per update (default: 12)")
@@ -95,9 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.factors = [int(f) for f in args.factors.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
-    unknown = sorted(set(kinds) - set(KINDS))
+    unknown = sorted(set(kinds) - set(kinds_known))
     if unknown:
-        parser.error(f"--kinds: unknown {unknown}; expected some of {list(KINDS)}")
+        parser.error(f"--kinds: unknown {unknown}; expected some of {list(kinds_known)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     report = {"block": args.block, "steps": args.steps, "batch": args.batch, "factors": args.factors, "loss": {},
               "train_minutes": {}}

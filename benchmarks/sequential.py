@@ -33,7 +33,7 @@ def step_times(name: str, lengths: list[int], tokens: int, repeats: int) -> list
     import torch
 
     from atencion import ModelConfig
-    from atencion.nn.model import build_model
+    from atencion.model_dir import build_model
     from atencion.train.loss import generator_loss
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Language models at work (atencion/lm.py, `atencion generate | fill-mask | classify | evaluate`,
+"""Language models at work (atencion/tasks/, `atencion generate | fill-mask | classify | evaluate`,
 the server's /generate, /fill-mask, /classify), on tiny random models saved as model directories:
 each answer equals what the model computes, seeds reproduce, one line comes out per line in, and
 every bad input is one line on stderr with exit status 2."""
@@ -19,24 +19,15 @@ from atencion.cli import main
 from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
-from atencion.decode.model_dir import load_model_dir
 from atencion.decode.sample import generate_ids
-from atencion.lm import (
-    classify_lines,
-    classify_probabilities,
-    evaluate_classifier,
-    evaluate_lm,
-    evaluate_mlm,
-    fill_mask,
-    generate_text,
-    model_task,
-    prompt_ids,
-    render,
-)
+from atencion.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
+from atencion.tasks import model_task
+from atencion.tasks.classify import classify_lines, classify_probabilities, classify_scores, evaluate_classifier
+from atencion.tasks.lm import evaluate_lm, generate_text, lm_scores, prompt_ids, render, text_stream
+from atencion.tasks.mlm import Masker, evaluate_mlm, fill_mask, mlm_scores
 from atencion.train.checkpoint import save_checkpoint
-from atencion.train.tasks import Masker, classify_scores, lm_scores, mlm_scores, text_stream
 
 LINES = ["the cat sat on the mat", "the dog ate the bone", "a bird sang in the tree", "my cat likes fish",
          "the sun is warm today", "we walk to the park"] * 3

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from torch.nn.utils import parametrize
 
 from atencion.cli import main as cli
-from atencion.decode.model_dir import load_model_dir
 from atencion.errors import AtencionError
+from atencion.model_dir import load_model_dir
 from atencion.nn.lora import LoRALinear, LoraSpec, apply_lora, merge_lora, select_targets
 from atencion.nn.transformer import Transformer
 from atencion.train.checkpoint import average_checkpoints, list_checkpoints

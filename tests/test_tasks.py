@@ -16,12 +16,12 @@ import torch
 from atencion.config import ModelConfig
 from atencion.data.text import epoch_offset, lm_blocks, mask_tokens, read_labelled, split_tail
 from atencion.data.tokenizer import MASK, Tokenizer
-from atencion.decode.model_dir import load_model_dir
 from atencion.errors import AtencionError
+from atencion.model_dir import load_model_dir
 from atencion.nn.transformer import Transformer
+from atencion.tasks.mlm import Masker
 from atencion.train.config import load_config
 from atencion.train.schedule import learning_rate
-from atencion.train.tasks import Masker
 from atencion.train.trainer import train
 
 WORDS = ("the cat sat on the mat while a dog ran to the park and the bird sang over a tree near "

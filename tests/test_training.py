@@ -164,7 +164,7 @@ def test_two_processes_equal_one_process_with_the_same_total_batch(tmp_path):
 
 
 def test_pairs_over_the_maximum_length_are_dropped_and_counted(caplog):
-    from atencion.train.tasks import encode_pairs
+    from atencion.tasks.translate import encode_pairs
 
     class Words:  # a stand-in tokenizer: one id per word
         def encode_src(self, text):

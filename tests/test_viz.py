@@ -9,8 +9,8 @@ import torch
 
 from atencion.cli import main
 from atencion.data.tokenizer import Tokenizer
-from atencion.decode.model_dir import load_model_dir
 from atencion.demo import grammar
+from atencion.model_dir import load_model_dir
 from atencion.train.trainer import train
 from atencion.viz.attention import (
     AttentionMap,

@@ -2,7 +2,8 @@
 train, decode, score, serve and inspect."""
 
 from .config import ModelConfig
-from .nn.model import Model, load_model
+from .model_dir import load_model
+from .nn.model import Model
 from .nn.transformer import Transformer
 
 __all__ = ["Model", "ModelConfig", "Transformer", "load"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .allocator import keep_freed_memory
 from .config import TWO_STACKS
 from .errors import AtencionError, Interrupted
-from .fileio import need_dir, need_file, need_output_dir, need_output_file
+from .fileio import need_dir, need_file, need_output_dir
 
 if TYPE_CHECKING:
     from .decode.settings import DecodeConfig
@@ -47,6 +47,20 @@ POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float,
 
 
 # decoding options, shared by translate and evaluate -----------------------------------------------
+
+def _warn(command: str):
+    """A warning of the library, on stderr, as one line naming the command."""
+    def warn(message: str) -> None:
+        print(f"atencion {command}: warning: {message}", file=sys.stderr)
+    return warn
+
+
+def _threads(threads: int) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """The options of translate and evaluate that make a DecodeConfig (and the model to decode with)."""
@@ -187,38 +201,12 @@ def add_translate_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate lines from --input (default stdin) to --output (default stdout), one line out per line in."""
-    import torch
+    from .tasks.translate import translate_file
 
-    from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
-    from .decode.translate import translate_lines
-    from .fileio import atomic_write
-
-    if args.input:
-        need_file(args.input, "--input")
-    if args.output:
-        need_output_file(args.output, "--output")
-        if args.input and Path(args.output).resolve() == Path(args.input).resolve():
-            raise AtencionError(f"--output {args.output} is the input file; choose another name")
-    if args.nbest > args.beam:
-        raise AtencionError(f"--nbest {args.nbest}: at most --beam ({args.beam}) translations per line")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_dir(args.model, args.device, args.int8)
-    def warn(message: str) -> None:
-        print(f"atencion translate: warning: {message}", file=sys.stderr)
-
-    source = args.input or getattr(sys.stdin, "buffer", sys.stdin)
-    lines = read_lines(source, allow_empty=True, errors="replace", name=args.input or "stdin", warn=warn)
-    results = translate_lines(model, tokenizer, lines, decode_config_of(args), nbest=args.nbest,
-                              max_src_tokens=args.max_input_tokens, source=args.input or "stdin")
-    if args.nbest > 1:
-        text = "".join(f"{i} ||| {t.text} ||| {t.score:.4f}\n" for i, hyps in enumerate(results) for t in hyps)
-    else:
-        text = "".join(hyps[0].text + "\n" for hyps in results)
-    if args.output:
-        atomic_write(args.output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    else:
+    _threads(args.threads)
+    text = translate_file(args.model, args.input, args.output, decode_config_of(args), args.nbest,
+                          args.max_input_tokens, args.device, args.int8, warn=_warn("translate"))
+    if text is not None:
         sys.stdout.write(text)
 
 
@@ -251,42 +239,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
     '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
     model's learned positions) before anything is generated."""
-    from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
-    from .lm import check_model, check_prompt, generate_text
+    from .tasks.lm import generate_to
 
-    if args.input:
-        need_file(args.input, "--input")
-    model, tokenizer = load_model_dir(args.model, args.device)
-    check_model(model, tokenizer, "generate")
-    if args.input:
-        def warn(message: str) -> None:
-            print(f"atencion generate: warning: {message}", file=sys.stderr)
-
-        lines = read_lines(args.input, allow_empty=True, errors="replace", warn=warn)
-        prompts = [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
-    else:
-        prompts = [(args.prompt, "--prompt")]
-    for prompt, what in prompts:
-        check_prompt(model, tokenizer, prompt, args.max_new_tokens, what)
-    out, live = sys.stdout, sys.stdout.isatty()
-
-    def show(sample: int, text: str) -> None:
-        out.write(text)
-        if live:
-            out.flush()
-
-    for number, (prompt, what) in enumerate(prompts, start=1):
-        sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, seed=args.seed, num_samples=args.num_samples, what=what)
-        if args.num_samples == 1:
-            out.write(f"--- line {number} ---\n{prompt}" if args.input else prompt)
-            generate_text(model, tokenizer, prompt, on_text=show, **sampling)
-            show(0, "\n")
-            continue
-        for k, text in enumerate(generate_text(model, tokenizer, prompt, **sampling), start=1):
-            header = f"--- line {number}, sample {k} ---" if args.input else f"--- sample {k} ---"
-            show(k, f"{header}\n{prompt}{text}\n")
+    generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
+                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"))
 
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
@@ -305,19 +261,9 @@ def cmd_fill_mask(args: argparse.Namespace) -> None:
     masks are predicted at once, each seeing the others as <mask>. A SentencePiece token is shown in
     quotes with its word-start mark as a leading space: " cat" starts a word, "ing" goes on with the
     word before it."""
-    from .decode.model_dir import load_model_dir
-    from .lm import fill_mask
+    from .tasks.mlm import fill_mask_text
 
-    model, tokenizer = load_model_dir(args.model, args.device)
-    masks = fill_mask(model, tokenizer, args.text, args.top_k)
-    if args.json:
-        print(json.dumps({"text": args.text, "masks": [[{"token": token, "probability": p} for token, p in mask]
-                                                       for mask in masks]}, ensure_ascii=False))
-        return
-    for number, mask in enumerate(masks, start=1):
-        print(f"<mask> {number}:")
-        for token, p in mask:
-            print(f"  {p:.4f}  {json.dumps(token, ensure_ascii=False)}")
+    sys.stdout.write(fill_mask_text(args.model, args.text, args.top_k, args.json, args.device))
 
 
 def add_classify_arguments(p: argparse.ArgumentParser) -> None:
@@ -336,36 +282,10 @@ def cmd_classify(args: argparse.Namespace) -> None:
     'LABEL<TAB>PROBABILITY', the most likely label and its probability (--json: every label's).
     An empty line gets the model's answer on the empty sentence, so that the lines stay aligned;
     bytes that are not UTF-8 are replaced (with one warning)."""
-    from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
-    from .lm import check_model, classify_lines, classify_probabilities, label_names
+    from .tasks.classify import classify_file
 
-    if args.input:
-        need_file(args.input, "--input")
-    model, tokenizer = load_model_dir(args.model, args.device)
-    check_model(model, tokenizer, "classify")
-
-    def warn(message: str) -> None:
-        print(f"atencion classify: warning: {message}", file=sys.stderr)
-
-    name = args.input or "stdin"
-    source = args.input or getattr(sys.stdin, "buffer", sys.stdin)
-    lines = read_lines(source, allow_empty=True, errors="replace", name=name, warn=warn)
-
-    def where(index: int) -> str:
-        return f"{name} line {index + 1}"
-
-    if not args.json:
-        sys.stdout.write("".join(f"{label}\t{p:.4f}\n" for label, p in
-                                 classify_lines(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens,
-                                                where)))
-        return
-    names = label_names(model)
-    for row in classify_probabilities(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens,
-                                      where).tolist():
-        best = max(range(len(row)), key=row.__getitem__)
-        print(json.dumps({"label": names[best], "probability": row[best], "probabilities": dict(zip(names, row))},
-                         ensure_ascii=False))
+    sys.stdout.write(classify_file(args.model, args.input, args.json, args.batch_tokens, args.max_input_tokens,
+                                   args.device, warn=_warn("classify")))
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -389,19 +309,9 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                                  "model is a header, as in training)")
 
 
-# what evaluate reads for each task, and what it needs
-EVALUATE_OPTIONS = {"translate": ("src", "ref", "output", "raw_ref", "recase_from", "lang"),
-                    "lm": ("text", "block_size"), "mlm": ("text",), "classify": ("tsv",)}
-EVALUATE_NEEDS = {"translate": "--src F --ref F", "lm": "--text F", "mlm": "--text F", "classify": "--tsv F"}
-
-
-def _flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
-
-
 def cmd_evaluate(args: argparse.Namespace) -> None:
     """Score a model on a test set; prints one JSON object with "task", the scores and the settings.
-    What it reads depends on the model (its config.json):
+    What it reads depends on the task the model was trained for (its config.json, tasks/):
     a translator translates --src and scores it against --ref: bleu, bleu_tok, chrf; with --raw-ref,
     for models trained on tokenized lower-cased text, also raw_bleu_lc, and with --recase-from
     raw_bleu and raw_chrf (sacreBLEU on the recased, detokenized output).
@@ -414,62 +324,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     A classifier (task classify) reads --tsv: accuracy, loss and the confusion matrix (rows: true
     label, columns: predicted, in the order of "labels").
     An option for another kind of model is refused."""
-    from .config import ModelConfig
-    from .lm import KINDS, describe, model_task
-    from .nn.model import CONFIG_FILE
+    from .tasks import evaluate
 
-    model_dir = need_dir(args.model, "--model")
-    cfg = ModelConfig.load(model_dir / CONFIG_FILE)
-    task = model_task(cfg)
-    for option in dict.fromkeys(o for options in EVALUATE_OPTIONS.values() for o in options):
-        if getattr(args, option) is not None and option not in EVALUATE_OPTIONS[task]:
-            kinds = " or ".join(KINDS[k] for k, options in EVALUATE_OPTIONS.items() if option in options)
-            raise AtencionError(f"{_flag(option)} is for {kinds}; --model {args.model} is {describe(cfg)}: give "
-                                f"{EVALUATE_NEEDS[task]}")
-    if task != "translate":
-        print(json.dumps({"task": task, **_evaluate_language_model(args, task)}, ensure_ascii=False))
-        return
-    if args.src is None or args.ref is None:
-        raise AtencionError(f"--model {args.model} is {describe(cfg)}: give {EVALUATE_NEEDS[task]}")
-    from .evaluate import evaluate
-
-    for option in ("src", "ref", "raw_ref", "recase_from"):
-        if getattr(args, option):
-            need_file(getattr(args, option), "--" + option.replace("_", "-"))
-    if args.output:
-        need_output_file(args.output, "--output")
-    need_dir(args.model, "--model")
-    result = evaluate(args.model, args.src, args.ref, decode_config_of(args), output=args.output,
-                      device=args.device, raw_ref=args.raw_ref, recase_from=args.recase_from, lang=args.lang,
-                      int8=args.int8, max_src_tokens=args.max_input_tokens)
-    print(json.dumps({"task": task, **result}))
-
-
-def _evaluate_language_model(args: argparse.Namespace, task: str) -> dict:
-    """evaluate for the single-stack tasks: lm and mlm on --text, classify on --tsv."""
-    from .data.corpus import read_lines
-    from .data.text import read_labelled
-    from .decode.model_dir import load_model_dir
-    from .lm import KINDS, evaluate_classifier, evaluate_lm, evaluate_mlm, label_names
-
-    path = getattr(args, "tsv" if task == "classify" else "text")
-    if path is None:
-        raise AtencionError(f"--model {args.model} is {KINDS[task]}: give {EVALUATE_NEEDS[task]}")
-    need_file(path, _flag("tsv" if task == "classify" else "text"))
-    model, tokenizer = load_model_dir(args.model, args.device, args.int8)
-    settings = {"model": args.model, "int8": args.int8, "batch_tokens": args.batch_tokens}
-    if task == "classify":
-        rows, _, skipped = read_labelled(path, label_names(model))
-        if skipped:
-            print(f"atencion evaluate: warning: {path}: left out {skipped} rows with an empty text", file=sys.stderr)
-        scores = evaluate_classifier(model, tokenizer, rows, args.batch_tokens, args.max_input_tokens, f"--tsv {path}")
-        return {**scores, **settings, "tsv": path}
-    lines = read_lines(path)
-    if task == "lm":
-        scores = evaluate_lm(model, tokenizer, lines, args.block_size, args.batch_tokens)
-    else:
-        scores = evaluate_mlm(model, tokenizer, lines, args.batch_tokens, args.max_input_tokens, what=path)
-    return {**scores, **settings, "text": path}
+    options = {name: value for name, value in vars(args).items() if name not in ("command", "func", "verbose")}
+    result = evaluate(decode=decode_config_of(args), warn=_warn("evaluate"), **options)
+    print(json.dumps(result, ensure_ascii=result["task"] == "translate"))
 
 
 def add_download_arguments(p: argparse.ArgumentParser) -> None:
@@ -528,8 +387,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     BERT has self-attention only: decoder.png (GPT, causal, over --text and the
     --max-new-tokens it generates greedily) or encoder.png (BERT, over <s> --text </s>), its
     KIND_mean.png, bertviz.json and attention.html."""
-    from .decode.model_dir import load_model_dir
     from .decode.settings import DecodeConfig
+    from .model_dir import load_model_dir
     from .viz.attention import ARCH_NAMES, CAUTION
     from .viz.report import write_attention_report, write_self_attention_report
 
@@ -569,7 +428,7 @@ def cmd_aer(args: argparse.Namespace) -> None:
     every target word to the source word it attends to most (per layer with heads averaged, and
     all layers averaged), score against --align; prints a markdown table, then one JSON line."""
     from .data.corpus import read_lines
-    from .decode.model_dir import load_model_dir
+    from .model_dir import load_model_dir
     from .viz.attention import CAUTION, evaluate_alignment, format_aer_table
 
     files = [need_file(getattr(args, option), "--" + option) for option in ("src", "tgt", "align")]
@@ -676,16 +535,8 @@ def cmd_average(args: argparse.Namespace) -> None:
     """Average the weights of checkpoints (model directories) into a new model directory."""
     from .train.checkpoint import average_checkpoints
 
-    checkpoints = [need_dir(p, "CKPT") for p in args.checkpoints]
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise AtencionError(f"--out {out}: is a file; expected a directory")
-    if out.exists() and any(out.iterdir()) and not args.force:
-        raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
-    if any(out.resolve() == p.resolve() for p in checkpoints):
-        raise AtencionError(f"--out {out} is one of the checkpoints being averaged; choose another directory")
-    average_checkpoints(checkpoints, out)
-    print(json.dumps({"averaged": len(args.checkpoints), "out": str(out)}))
+    average_checkpoints(args.checkpoints, args.out, force=args.force)
+    print(json.dumps({"averaged": len(args.checkpoints), "out": str(args.out)}))
 
 
 def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
@@ -696,17 +547,10 @@ def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_merge_lora(args: argparse.Namespace) -> None:
     """Fold a LoRA model's adapters into its base weights (W + α/r · B A): a plain model directory
     that needs no base, decodes as fast as any model, and exports."""
-    from .decode.model_dir import load_model_dir
-    from .nn.lora import LORA_FILE
-    from .train.checkpoint import save_checkpoint
+    from .model_dir import merge_lora_dir
 
-    model_dir = need_dir(args.model, "--model")
-    if not (model_dir / LORA_FILE).is_file():
-        raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
-    out = need_output_dir(args.out, "--out")
-    model, tokenizer = load_model_dir(model_dir)  # adapters folded in
-    save_checkpoint(out, model, tokenizer)
-    print(json.dumps({"merged": str(model_dir), "out": str(out), "parameters": model.num_parameters()}))
+    parameters = merge_lora_dir(args.model, args.out)
+    print(json.dumps({"merged": str(Path(args.model)), "out": str(Path(args.out)), "parameters": parameters}))
 
 
 # (name, help, its arguments, the function that runs it), in the order of `atencion --help`

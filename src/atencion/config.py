@@ -39,9 +39,9 @@ class ModelConfig:
     activation: str = "relu"               # "relu" (the paper, §3.3), "gelu" (BERT), "gelu-tanh" (GPT-2)
     norm_first: bool = False               # False: post-LN, the paper's; True: pre-LN
     norm: str = "layernorm"                # "layernorm" or "rmsnorm" (T5)
-    positional: str = "sinusoidal"         # absolute, added to the embeddings: "sinusoidal" (§3.5),
-                                           # "learned" (Table 3, row E); relative, inside self-attention:
-                                           # "rope", "alibi", "t5" (see nn/positional.py)
+    positional: str = "sinusoidal"         # a key of POSITIONS (nn/positional.py): absolute, added to the
+                                           # embeddings: "sinusoidal" (§3.5), "learned" (Table 3, row E);
+                                           # relative, inside self-attention: "rope", "alibi", "t5"
     max_positions: int = 1024              # rows of the learned table; sinusoids extend freely
     rope_base: float = 10000.0             # RoPE: the angle of pair i at position m is m · base^(-2i/d_k)
     relative_buckets: int = 32             # T5: buckets of relative position (half per direction in the encoder)
@@ -64,6 +64,8 @@ class ModelConfig:
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
     rnn: dict[str, Any] | None = None      # arch rnn: {cell, hidden, bidirectional, decoder_hidden, bridge,
                                            # attention, score, input_feeding} (RNN_DEFAULTS, nn/rnn.py)
+    task: str | None = None                # the task it was trained for (tasks/: translate, lm, mlm, classify);
+                                           # None: told by arch and num_labels (directories written before)
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -79,8 +81,6 @@ class ModelConfig:
                 f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): "
                 f"each of the h heads gets d_k = d_model / h dimensions"
             )
-        if self.arch != "rnn" and self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            raise AtencionError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -109,9 +109,13 @@ class ModelConfig:
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
-        _require_choice("positional", self.positional, ("sinusoidal", "learned", "rope", "alibi", "t5"))
-        if self.arch != "rnn" and self.positional == "rope" and self.d_k % 2:
-            raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {self.d_k}")
+        # Imported here: importing atencion.nn imports nn/transformer.py, which imports this module.
+        from .nn.positional import POSITIONS
+
+        _require_choice("positional", self.positional, tuple(POSITIONS))
+        problem = POSITIONS[self.positional].check(self) if self.arch != "rnn" else None  # an RNN has no positions
+        if problem:
+            raise AtencionError(problem)
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             raise AtencionError(f"rope_base must be a number > 1, got {self.rope_base!r}")
         for key in ("relative_buckets", "relative_max_distance"):
@@ -135,6 +139,8 @@ class ModelConfig:
         elif self.rnn is not None:
             raise AtencionError(f"rnn holds the settings of arch 'rnn'; this model's arch is {self.arch!r} "
                                 f"(set arch: rnn, or remove rnn)")
+        if self.task is not None and not isinstance(self.task, str):
+            raise AtencionError(f"task must be the name of a task (translate, lm, mlm, classify), got {self.task!r}")
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):

@@ -83,10 +83,10 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, decode: De
     of the model (``nn/quantize.py``). ``max_src_tokens``: see ``translate_lines``. Output files are
     written atomically (a failed write leaves an older file as it was)."""
     from .data.postprocess import language_of
-    from .decode.model_dir import load_model_dir
     from .decode.settings import decode_config
     from .decode.translate import translate_lines
     from .fileio import atomic_write_text
+    from .model_dir import load_model_dir
 
     d = decode_config(decode, **settings)
     sources, references = read_lines(src), read_lines(ref)

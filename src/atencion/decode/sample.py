@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AtencionError
+from ..nn.positional import position_limit
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -92,9 +93,10 @@ def _check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | No
         raise AtencionError(f"--max-new-tokens must be a positive integer, got {max_new_tokens!r}")
     if stop_id is not None and not (isinstance(stop_id, int) and 0 <= stop_id < cfg.vocab_size):
         raise AtencionError(f"stop_id must be a token id in [0, {cfg.vocab_size}), got {stop_id!r}")
-    if getattr(cfg, "positional", None) == "learned" and length > cfg.max_positions:
+    limit = position_limit(cfg)
+    if limit is not None and length > limit:
         raise AtencionError(f"--prompt of {length} tokens is longer than this model's learned positions "
-                            f"(max_positions={cfg.max_positions}); shorten it")
+                            f"(max_positions={limit}); shorten it")
 
 
 def generate_ids(model, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
@@ -129,7 +131,7 @@ def generate_ids(model, prompt: Tensor, max_new_tokens: int, temperature: float 
 
 
 def _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, stop_id, on_step) -> Tensor:
-    window = model.cfg.max_positions if model.cfg.positional == "learned" else None
+    window = position_limit(model.cfg)
     state = model.init_state()
     logits = model.decode_step(prompt, state)[:, -1]
     text = prompt

@@ -23,10 +23,10 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
              n_train: int = 30000, n_valid: int = 300, n_test: int = 500, seed: int = 0) -> dict[str, Any]:
     """Train the embedded Spanish→English model under ``out`` and return the demo's summary,
     with, under "examples", each example sentence, the model's translation and the grammar's."""
-    from ..decode.model_dir import load_model_dir
     from ..decode.settings import DecodeConfig
     from ..decode.translate import translate_lines
     from ..evaluate import score
+    from ..model_dir import load_model_dir
     from ..train.config import load_config
     from ..train.trainer import train
 

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from ..errors import AtencionError
+from ..nn.positional import kinds, position_kind
 
 FORMATS = ("ctranslate2", "hf", "onnx")
 NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"]}
@@ -56,9 +57,9 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
 
     writer = _writer(fmt)
     cfg = model.cfg
-    if cfg.positional not in ("sinusoidal", "learned"):
+    if position_kind(cfg).role != "absolute":
         raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
-                            f"exported yet; only sinusoidal and learned positions can")
+                            f"exported yet; only {' and '.join(kinds('absolute'))} positions can")
     if cfg.moe is not None:
         raise AtencionError(f"export to {fmt}: moe (mixture-of-experts feed-forward layers) cannot be exported; "
                             f"the exporters take one dense feed-forward network per layer")
@@ -81,9 +82,8 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
     base, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
-    from ..decode.model_dir import check_vocabularies
+    from ..model_dir import check_vocabularies, load_model
     from ..nn.lora import merge_lora
-    from ..nn.model import load_model
 
     _writer(fmt)  # an unknown format fails before anything is loaded
     model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in

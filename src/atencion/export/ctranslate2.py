@@ -40,7 +40,6 @@ import torch
 from ..data.tokenizer import UNK_ID
 from ..decode.search import length_penalty
 from ..errors import AtencionError, MissingFileError
-from ..nn.positional import sinusoidal_table
 
 SINUSOID_ROWS = 2048            # rows written for sinusoidal positions (at least max_positions)
 TINY_LENGTH_PENALTY = 1e-30     # see ct2_translate: length^1e-30 == 1.0f, but not "no penalty"
@@ -103,10 +102,8 @@ def _cross_attention(spec, attn, norm) -> None:
 
 
 def _position_table(model, stack) -> torch.Tensor:
-    cfg = model.cfg
-    if cfg.positional == "learned":
-        return stack.positions.weight
-    return sinusoidal_table(max(cfg.max_positions, SINUSOID_ROWS), cfg.d_model)
+    """The stack's absolute positions as one table: a learned one whole, sinusoids for at least SINUSOID_ROWS."""
+    return stack.positions.vectors(max(model.cfg.max_positions, SINUSOID_ROWS))
 
 
 def build_spec(model, tokenizer=None):

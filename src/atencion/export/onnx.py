@@ -31,17 +31,14 @@ from torch import Tensor, nn
 
 from ..nn.attention import causal_mask
 from ..nn.cache import KVCache
-from ..nn.positional import sinusoidal_table
 
 ENCODER_FILE, DECODER_FILE, CONFIG_FILE = "encoder.onnx", "decoder_step.onnx", "config.json"
 OPSET = 18
 
 
 def _position_table(model, stack) -> Tensor:
-    cfg = model.cfg
-    if cfg.positional == "learned":
-        return stack.positions.weight.detach()
-    return sinusoidal_table(cfg.max_positions, cfg.d_model)
+    """The stack's absolute positions as one table of max_positions rows."""
+    return stack.positions.vectors(model.cfg.max_positions).detach()
 
 
 class OnnxEncoder(nn.Module):

@@ -1,6 +1,12 @@
 """Converters between atencion models and Hugging Face's: ``from_hf(hf_model)`` gives the equal
 atencion model for each supported class, ``to_hf(model)`` the reverse (logits equal within 1e-4
-in float32, tested on random weights). Each family lives in a module of its own."""
+in float32, tested on random weights). Each family lives in a module of its own, importer and
+exporter together, both walking the family's one name map (``name_map``: atencion name ↔
+Hugging Face name, with the pair of functions that turns one into the other; see ``common``).
+
+A new family: one module here with its name map, its config translation, and one entry in
+interop/__init__.py's table (IMPORTERS, below). Nothing here imports ``export``: the
+``atencion export --format hf`` path (export/hf.py) imports ``marian.to_marian`` from here."""
 
 from __future__ import annotations
 
@@ -50,10 +56,6 @@ def to_hf(model, family: str | None = None):
     if family not in modules:
         raise AtencionError(f"to_hf: unknown family {family!r}; expected one of {sorted(modules)}")
     module = import_module(f".{family}", __name__)
-    if family == "marian":
-        from ..export.hf import to_marian
-
-        return to_marian(model)
     exporter = getattr(module, f"to_{family}", None)
     if exporter is None:
         raise AtencionError(f"to_hf: no exporter to {family} yet")

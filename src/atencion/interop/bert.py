@@ -41,12 +41,11 @@ BERT's quirks, and how they are handled:
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete
+from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
 
 # BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
@@ -98,21 +97,14 @@ def config_from_bert(hf_config) -> ModelConfig:
 
 def check_bert(cfg: ModelConfig) -> None:
     """Raise AtencionError, naming the first key, unless BertForMaskedLM can compute ``cfg``'s model."""
-    wrong = [
-        ("arch", cfg.arch != "encoder", "BERT is an encoder (arch 'encoder')"),
-        ("norm_first", cfg.norm_first, "BERT is post-LN (it normalizes after each residual sum)"),
-        ("norm", cfg.norm != "layernorm", "BERT uses LayerNorm"),
-        ("positional", cfg.positional != "learned", "BERT adds learned absolute positions ('learned')"),
-        ("embedding_norm", not cfg.embedding_norm, "BERT always normalizes its embeddings"),
-        ("scale_embedding", cfg.scale_embedding, "BERT does not scale its embeddings by sqrt(d_model)"),
-        ("scale_attention", not cfg.scale_attention, "BERT divides the attention scores by sqrt(d_k)"),
-        ("bias", not cfg.bias, "BERT's projections all have biases"),
-        ("activation", cfg.activation not in HIDDEN_ACT, f"BERT's hidden_act covers {sorted(HIDDEN_ACT)}"),
-        ("num_labels", cfg.num_labels != 0, "BertForMaskedLM has no classification head"),
-    ]
-    for key, bad, why in wrong:
-        if bad:
-            raise AtencionError(f"BERT export: {key}={getattr(cfg, key)!r}; {why}")
+    wanted = [("arch", "encoder"), ("norm_first", False), ("norm", "layernorm"),
+              ("positional", "learned"),
+              ("embedding_norm", True), ("scale_embedding", False), ("scale_attention", True), ("bias", True),
+              ("num_labels", 0)]
+    require(cfg, wanted, "BERT export", "BertForMaskedLM")
+    if cfg.activation not in HIDDEN_ACT:
+        raise AtencionError(f"BERT export: activation={cfg.activation!r}; BERT's hidden_act covers "
+                            f"{sorted(HIDDEN_ACT)}")
 
 
 def bert_config(cfg: ModelConfig):
@@ -139,33 +131,27 @@ def bert_config(cfg: ModelConfig):
     )
 
 
-def parameter_pairs(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
-    """(atencion parameter, BERT parameters) for every parameter: one BERT name is copied as is,
-    three (query, key, value) are stacked along dim 0. The one table that both directions walk;
-    the tied output projection (``mlm_head.weight``) is the embedding table and is not listed."""
-    pairs = [("encoder.embed.weight", ("bert.embeddings.word_embeddings.weight",)),
-             ("encoder.positions.weight", ("bert.embeddings.position_embeddings.weight",))]
+def name_map(cfg: ModelConfig) -> list[Pair]:
+    """The one table both directions walk (the module docstring's, one row per parameter): one
+    BERT name is copied as is, three (query, key, value) are stacked along dim 0. The tied output
+    projection (``mlm_head.weight``) is the embedding table and is not listed."""
+    pairs = [Pair("encoder.embed.weight", "bert.embeddings.word_embeddings.weight"),
+             Pair("encoder.positions.weight", "bert.embeddings.position_embeddings.weight")]
     if cfg.type_vocab_size:
-        pairs.append(("encoder.token_types.weight", ("bert.embeddings.token_type_embeddings.weight",)))
-    for p in ("weight", "bias"):
-        pairs.append((f"encoder.embed_norm.{p}", (f"bert.embeddings.LayerNorm.{p}",)))
+        pairs.append(Pair("encoder.token_types.weight", "bert.embeddings.token_type_embeddings.weight"))
+    pairs += weight_and_bias("encoder.embed_norm", "bert.embeddings.LayerNorm")
     for i in range(cfg.n_layers):
         ours, theirs = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
-        for p in ("weight", "bias"):
-            pairs += [
-                (f"{ours}.self_attn.in_proj.{p}", tuple(f"{theirs}.attention.self.{x}.{p}" for x in
-                                                        ("query", "key", "value"))),
-                (f"{ours}.self_attn.out_proj.{p}", (f"{theirs}.attention.output.dense.{p}",)),
-                (f"{ours}.res_self.norm.{p}", (f"{theirs}.attention.output.LayerNorm.{p}",)),
-                (f"{ours}.ffn.linear1.{p}", (f"{theirs}.intermediate.dense.{p}",)),
-                (f"{ours}.ffn.linear2.{p}", (f"{theirs}.output.dense.{p}",)),
-                (f"{ours}.res_ffn.norm.{p}", (f"{theirs}.output.LayerNorm.{p}",)),
-            ]
-    for p in ("weight", "bias"):
-        pairs += [(f"mlm_head.dense.{p}", (f"cls.predictions.transform.dense.{p}",)),
-                  (f"mlm_head.norm.{p}", (f"cls.predictions.transform.LayerNorm.{p}",))]
-    pairs.append(("mlm_head.bias", ("cls.predictions.decoder.bias",)))
-    return pairs
+        pairs += [*weight_and_bias(f"{ours}.self_attn.in_proj",
+                                   tuple(f"{theirs}.attention.self.{x}" for x in ("query", "key", "value"))),
+                  *weight_and_bias(f"{ours}.self_attn.out_proj", f"{theirs}.attention.output.dense"),
+                  *weight_and_bias(f"{ours}.res_self.norm", f"{theirs}.attention.output.LayerNorm"),
+                  *weight_and_bias(f"{ours}.ffn.linear1", f"{theirs}.intermediate.dense"),
+                  *weight_and_bias(f"{ours}.ffn.linear2", f"{theirs}.output.dense"),
+                  *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.output.LayerNorm")]
+    return pairs + [*weight_and_bias("mlm_head.dense", "cls.predictions.transform.dense"),
+                    *weight_and_bias("mlm_head.norm", "cls.predictions.transform.LayerNorm"),
+                    Pair("mlm_head.bias", "cls.predictions.decoder.bias")]
 
 
 def from_bert(hf_model) -> Transformer:
@@ -183,7 +169,7 @@ def from_bert(hf_model) -> Transformer:
     if not torch.equal(src["cls.predictions.decoder.weight"], words):
         raise AtencionError("BERT import: cls.predictions.decoder.weight differs from the word embeddings "
                             "(tie_word_embeddings=False); atencion's MLM head is tied to them")
-    out: dict[str, Tensor] = {ours: torch.cat([src[t] for t in theirs]) for ours, theirs in parameter_pairs(cfg)}
+    out = import_tensors(name_map(cfg), src)
     out["mlm_head.weight"] = out["encoder.embed.weight"]  # tied (quirk 3)
     model = Transformer(cfg)
     return load_complete(model, out, "BERT import").eval()
@@ -199,10 +185,7 @@ def to_bert(model: Transformer):
     cfg = model.cfg
     hf_model = BertForMaskedLM(bert_config(cfg))
     src = {k: v.detach() for k, v in model.state_dict().items()}
-    out: dict[str, Tensor] = {}
-    for ours, theirs in parameter_pairs(cfg):
-        for name, part in zip(theirs, src[ours].chunk(len(theirs))):
-            out[name] = part
+    out = export_tensors(name_map(cfg), src)
     if not cfg.type_vocab_size:  # quirk 2: one token type, adding zero
         out["bert.embeddings.token_type_embeddings.weight"] = src["encoder.embed.weight"].new_zeros(1, cfg.d_model)
     out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]  # tied

@@ -20,13 +20,10 @@ cannot be expressed by atencion's blocks and is refused.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete, require
+from .common import Pair, export_tensors, import_tensors, load_complete, per_head_qkv, require, weight_and_bias
 
 
 def _token_id(value, vocab_size: int, default: int) -> int:
@@ -67,36 +64,25 @@ def config_from_bloom(hf_config) -> ModelConfig:
     )
 
 
-def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
-    """(kind, atencion name, Bloom name) of every tensor pair, kind being "qkv" (reordered
-    between Bloom's per-head Q,K,V and our Q;K;V) or "copy". Both directions walk this list."""
-    pairs = [("copy", "decoder.embed.weight", "transformer.word_embeddings.weight"),
-             ("copy", "decoder.embed_norm.weight", "transformer.word_embeddings_layernorm.weight"),
-             ("copy", "decoder.embed_norm.bias", "transformer.word_embeddings_layernorm.bias")]
+def name_map(cfg: ModelConfig) -> list[Pair]:
+    """The one table both directions walk: every atencion parameter and its Bloom name, the fused
+    ``query_key_value`` reordered each way (point 1). A tied output projection is the embedding
+    table and is not listed."""
+    qkv = per_head_qkv(cfg.n_heads)
+    pairs = [Pair("decoder.embed.weight", "transformer.word_embeddings.weight"),
+             *weight_and_bias("decoder.embed_norm", "transformer.word_embeddings_layernorm")]
     for i in range(cfg.decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
-        for a, b in [("res_self.norm", "input_layernorm"), ("self_attn.in_proj", "self_attention.query_key_value"),
-                     ("self_attn.out_proj", "self_attention.dense"), ("res_ffn.norm", "post_attention_layernorm"),
-                     ("ffn.linear1", "mlp.dense_h_to_4h"), ("ffn.linear2", "mlp.dense_4h_to_h")]:
-            kind = "qkv" if a == "self_attn.in_proj" else "copy"
-            pairs += [(kind, f"{ours}.{a}.{p}", f"{theirs}.{b}.{p}") for p in ("weight", "bias")]
-    pairs += [("copy", "decoder.final_norm.weight", "transformer.ln_f.weight"),
-              ("copy", "decoder.final_norm.bias", "transformer.ln_f.bias")]
+        pairs += [*weight_and_bias(f"{ours}.res_self.norm", f"{theirs}.input_layernorm"),
+                  *weight_and_bias(f"{ours}.self_attn.in_proj", f"{theirs}.self_attention.query_key_value", *qkv),
+                  *weight_and_bias(f"{ours}.self_attn.out_proj", f"{theirs}.self_attention.dense"),
+                  *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.post_attention_layernorm"),
+                  *weight_and_bias(f"{ours}.ffn.linear1", f"{theirs}.mlp.dense_h_to_4h"),
+                  *weight_and_bias(f"{ours}.ffn.linear2", f"{theirs}.mlp.dense_4h_to_h")]
+    pairs += weight_and_bias("decoder.final_norm", "transformer.ln_f")
     if not cfg.tie_output:
-        pairs.append(("copy", "generator.weight", "lm_head.weight"))
+        pairs.append(Pair("generator.weight", "lm_head.weight"))
     return pairs
-
-
-def bloom_qkv_to_stacked(t: Tensor, n_heads: int) -> Tensor:
-    """Bloom's fused projection (output axis (heads, 3, d_k)) → Q;K;V stacked (3, heads, d_k)."""
-    rest = t.shape[1:]
-    return t.reshape(n_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def stacked_to_bloom_qkv(t: Tensor, n_heads: int) -> Tensor:
-    """The inverse of :func:`bloom_qkv_to_stacked`."""
-    rest = t.shape[1:]
-    return t.reshape(3, n_heads, -1, *rest).transpose(0, 1).reshape(t.shape)
 
 
 def from_bloom(hf_model) -> Transformer:
@@ -105,9 +91,7 @@ def from_bloom(hf_model) -> Transformer:
     cfg = config_from_bloom(hf_model.config)
     model = Transformer(cfg)
     src = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    out: dict[str, Tensor] = {}
-    for kind, ours, theirs in module_pairs(cfg):
-        out[ours] = bloom_qkv_to_stacked(src[theirs], cfg.n_heads) if kind == "qkv" else src[theirs]
+    out = import_tensors(name_map(cfg), src)
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
     return load_complete(model, out, "Bloom import").eval()
@@ -147,12 +131,7 @@ def to_bloom(model: Transformer):
     hf = BloomForCausalLM(bloom_config(cfg))
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     target = hf.state_dict()
-    out: dict[str, Tensor] = {}
-    for kind, name, theirs in module_pairs(cfg):
-        value = ours.get(name)
-        if value is None:  # bias=False: Bloom's projections always have one
-            value = torch.zeros_like(target[theirs])
-        out[theirs] = stacked_to_bloom_qkv(value, cfg.n_heads) if kind == "qkv" else value
+    out = export_tensors(name_map(cfg), ours, target)  # bias=False: Bloom's projections always have one (zeros)
     if cfg.tie_output:
         out["lm_head.weight"] = out["transformer.word_embeddings.weight"]
     missing = set(target) - set(out)

@@ -1,11 +1,83 @@
-"""What every converter does the same way: refuse a setting the other library cannot express, and
-load a converted state dict only when it sets every parameter."""
+"""What every converter does the same way: refuse a setting the other library cannot express,
+walk one name map in either direction, and load a converted state dict only when it sets every
+parameter.
+
+A new family: one module here with its name map, its config translation, and one entry in
+interop/__init__.py's table. The name map is a list of :class:`Pair`; :func:`import_tensors`
+reads it from Hugging Face to atencion, :func:`export_tensors` from atencion to Hugging Face."""
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
+import torch
 from torch import Tensor
 
 from ..errors import AtencionError
+
+
+class Pair(NamedTuple):
+    """One row of a family's name map: the atencion parameter ``ours`` is the Hugging Face
+    parameter ``theirs`` or, when ``theirs`` names several (W^Q, W^K, W^V), their concatenation
+    along dim 0. ``to_ours`` / ``to_theirs`` turn one side into the other (a transpose, a
+    permutation of rows; None: as is), acting on the concatenated tensor."""
+
+    ours: str
+    theirs: str | tuple[str, ...]
+    to_ours: Callable[[Tensor], Tensor] | None = None
+    to_theirs: Callable[[Tensor], Tensor] | None = None
+
+
+def weight_and_bias(ours: str, theirs: str | tuple[str, ...], to_ours=None, to_theirs=None) -> list[Pair]:
+    """The two Pairs of a module with a weight and a bias (a Linear, a LayerNorm), both turned by
+    the same functions: ``theirs`` names the module(s), without ``.weight``."""
+    names = (theirs,) if isinstance(theirs, str) else theirs
+    return [Pair(f"{ours}.{p}", tuple(f"{t}.{p}" for t in names) if len(names) > 1 else f"{names[0]}.{p}",
+                 to_ours, to_theirs) for p in ("weight", "bias")]
+
+
+def per_head_qkv(n_heads: int) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(to_ours, to_theirs) between a projection fused per head, whose output rows (and bias) are
+    (heads, [q; k; v], d_k) (GPT-NeoX's and Bloom's ``query_key_value``), and atencion's
+    ``in_proj``, which stacks all the queries, then all the keys, then all the values."""
+    def to_ours(t: Tensor) -> Tensor:
+        return t.reshape(n_heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    def to_theirs(t: Tensor) -> Tensor:
+        return t.reshape(3, n_heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    return to_ours, to_theirs
+
+
+def _names(pair: Pair) -> tuple[str, ...]:
+    return (pair.theirs,) if isinstance(pair.theirs, str) else pair.theirs
+
+
+def import_tensors(name_map: list[Pair], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The atencion tensors of ``name_map`` read from a Hugging Face state dict."""
+    out: dict[str, Tensor] = {}
+    for pair in name_map:
+        names = _names(pair)
+        value = state[names[0]] if len(names) == 1 else torch.cat([state[name] for name in names])
+        out[pair.ours] = pair.to_ours(value) if pair.to_ours else value
+    return out
+
+
+def export_tensors(name_map: list[Pair], state: dict[str, Tensor],
+                   target: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """The Hugging Face tensors of ``name_map`` read from an atencion state dict. Given
+    ``target`` (the Hugging Face model's own state dict), a parameter the atencion model lacks
+    (``bias=False``) is written as zeros of the target's shape; without it, one is a KeyError."""
+    out: dict[str, Tensor] = {}
+    for pair in name_map:
+        names = _names(pair)
+        if pair.ours not in state and target is not None:
+            out.update((name, torch.zeros_like(target[name])) for name in names)
+            continue
+        value = state[pair.ours]
+        value = pair.to_theirs(value) if pair.to_theirs else value
+        out.update(zip(names, value.chunk(len(names))) if len(names) > 1 else [(names[0], value)])
+    return out
 
 
 def require(cfg, settings: list[tuple[str, object]], who: str, target: str) -> None:

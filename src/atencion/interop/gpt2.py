@@ -16,12 +16,11 @@ positions the causal mask keeps from seeing the pads).
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete, require
+from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
 
 # GPT-2's activation names → atencion's; "gelu_new" (GPT-2's) and "gelu_pytorch_tanh" are both
 # the tanh approximation, equal to within float rounding
@@ -78,24 +77,27 @@ def config_from_gpt2(hf_config) -> ModelConfig:
     )
 
 
-def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
-    """(kind, atencion name, GPT-2 name) of every tensor pair, kind being "linear" (a Conv1D
-    weight: transposed), or "copy" (a bias, a LayerNorm or a table: copied as is). Both
-    directions walk this one list."""
-    pairs = [("copy", "decoder.embed.weight", "transformer.wte.weight"),
-             ("copy", "decoder.positions.weight", "transformer.wpe.weight")]
+# a Conv1D weight is stored (in, out), an nn.Linear weight (out, in): transposed each way
+_TRANSPOSE = (torch.t, torch.t)
+
+
+def name_map(cfg: ModelConfig) -> list[Pair]:
+    """The one table both directions walk: every atencion parameter and its GPT-2 name, the
+    Conv1D weights transposed (point 1); biases, LayerNorms and tables as they are. A tied
+    output projection is the token table and is not listed."""
+    pairs = [Pair("decoder.embed.weight", "transformer.wte.weight"),
+             Pair("decoder.positions.weight", "transformer.wpe.weight")]
     for i in range(cfg.decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
         for a, b in [("res_self.norm", "ln_1"), ("self_attn.in_proj", "attn.c_attn"),
                      ("self_attn.out_proj", "attn.c_proj"), ("res_ffn.norm", "ln_2"),
                      ("ffn.linear1", "mlp.c_fc"), ("ffn.linear2", "mlp.c_proj")]:
-            kind = "copy" if a.endswith("norm") else "linear"
-            pairs += [(kind, f"{ours}.{a}.weight", f"{theirs}.{b}.weight"),
-                      ("copy", f"{ours}.{a}.bias", f"{theirs}.{b}.bias")]
-    pairs += [("copy", "decoder.final_norm.weight", "transformer.ln_f.weight"),
-              ("copy", "decoder.final_norm.bias", "transformer.ln_f.bias")]
+            turn = () if a.endswith("norm") else _TRANSPOSE
+            pairs += [Pair(f"{ours}.{a}.weight", f"{theirs}.{b}.weight", *turn),
+                      Pair(f"{ours}.{a}.bias", f"{theirs}.{b}.bias")]
+    pairs += weight_and_bias("decoder.final_norm", "transformer.ln_f")
     if not cfg.tie_output:
-        pairs.append(("copy", "generator.weight", "lm_head.weight"))
+        pairs.append(Pair("generator.weight", "lm_head.weight"))
     return pairs
 
 
@@ -105,9 +107,7 @@ def from_gpt2(hf_model) -> Transformer:
     cfg = config_from_gpt2(hf_model.config)
     model = Transformer(cfg)
     src = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    out: dict[str, Tensor] = {}
-    for kind, ours, theirs in module_pairs(cfg):
-        out[ours] = src[theirs].t() if kind == "linear" else src[theirs]
+    out = import_tensors(name_map(cfg), src)
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
     return load_complete(model, out, "GPT-2 import").eval()
@@ -148,12 +148,7 @@ def to_gpt2(model: Transformer):
     hf = GPT2LMHeadModel(gpt2_config(cfg))
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     target = hf.state_dict()
-    out: dict[str, Tensor] = {}
-    for kind, name, theirs in module_pairs(cfg):
-        value = ours.get(name)
-        if value is None:  # bias=False: GPT-2's Conv1D always has one
-            value = torch.zeros_like(target[theirs])
-        out[theirs] = value.t() if kind == "linear" else value
+    out = export_tensors(name_map(cfg), ours, target)  # bias=False: GPT-2's Conv1D always has one (zeros)
     if cfg.tie_output:
         out["lm_head.weight"] = out["transformer.wte.weight"]
     missing = set(target) - set(out)

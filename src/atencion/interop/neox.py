@@ -17,12 +17,10 @@ in layout or need refusing:
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete, require
+from .common import Pair, export_tensors, import_tensors, load_complete, per_head_qkv, require, weight_and_bias
 
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -128,37 +126,28 @@ def neox_config(cfg: ModelConfig):
     )
 
 
-def neox_qkv_to_stacked(t: Tensor, n_heads: int) -> Tensor:
-    """NeoX's per-head fused rows (heads, [q; k; v], d_k, ...) → atencion's [Q; K; V] rows."""
-    rest = t.shape[1:]
-    return t.reshape(n_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def stacked_to_neox_qkv(t: Tensor, n_heads: int) -> Tensor:
-    """atencion's [Q; K; V] rows → NeoX's per-head fused rows: the inverse of the above."""
-    rest = t.shape[1:]
-    return t.reshape(3, n_heads, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
 def _head_name(state: dict) -> str:
     """The output projection's name: ``lm_head`` (transformers 5) or ``embed_out`` (before)."""
     return "embed_out" if "embed_out.weight" in state else "lm_head"
 
 
-def module_pairs(cfg: ModelConfig, head: str = "lm_head") -> list[tuple[str, str, str]]:
-    """(kind, atencion name, NeoX name) for every attention, LayerNorm, MLP and Linear/Embedding
-    weight, kind being "attention", "norm", "ffn" or "table"; both directions walk it. ``head``
-    is the output projection's name (see :func:`_head_name`)."""
-    pairs = [("table", "decoder.embed", "gpt_neox.embed_in"),
-             ("norm", "decoder.final_norm", "gpt_neox.final_layer_norm")]
+def name_map(cfg: ModelConfig, head: str = "lm_head") -> list[Pair]:
+    """The one table both directions walk: every atencion parameter and its NeoX name, the fused
+    ``query_key_value`` reordered each way (point 1). ``head`` is the output projection's name
+    (see :func:`_head_name`); a tied one is the embedding table and is not listed."""
+    qkv = per_head_qkv(cfg.n_heads)
+    pairs = [Pair("decoder.embed.weight", "gpt_neox.embed_in.weight"),
+             *weight_and_bias("decoder.final_norm", "gpt_neox.final_layer_norm")]
     if not cfg.tie_output:
-        pairs.append(("table", "generator", head))
+        pairs.append(Pair("generator.weight", f"{head}.weight"))
     for i in range(cfg.n_layers):
         ours, theirs = f"decoder.layers.{i}", f"gpt_neox.layers.{i}"
-        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.attention"),
-                  ("norm", f"{ours}.res_self.norm", f"{theirs}.input_layernorm"),
-                  ("ffn", f"{ours}.ffn", f"{theirs}.mlp"),
-                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.post_attention_layernorm")]
+        pairs += [*weight_and_bias(f"{ours}.self_attn.in_proj", f"{theirs}.attention.query_key_value", *qkv),
+                  *weight_and_bias(f"{ours}.self_attn.out_proj", f"{theirs}.attention.dense"),
+                  *weight_and_bias(f"{ours}.res_self.norm", f"{theirs}.input_layernorm"),
+                  *weight_and_bias(f"{ours}.ffn.linear1", f"{theirs}.mlp.dense_h_to_4h"),
+                  *weight_and_bias(f"{ours}.ffn.linear2", f"{theirs}.mlp.dense_4h_to_h"),
+                  *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.post_attention_layernorm")]
     return pairs
 
 
@@ -168,23 +157,7 @@ def from_neox(hf_model) -> Transformer:
     cfg = config_from_neox(hf_model.config)
     model = Transformer(cfg)
     src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    h = cfg.n_heads
-    out: dict[str, Tensor] = {}
-    for kind, ours, theirs in module_pairs(cfg, _head_name(src)):
-        if kind == "attention":
-            out[f"{ours}.in_proj.weight"] = neox_qkv_to_stacked(src[f"{theirs}.query_key_value.weight"], h)
-            out[f"{ours}.in_proj.bias"] = neox_qkv_to_stacked(src[f"{theirs}.query_key_value.bias"], h)
-            out[f"{ours}.out_proj.weight"] = src[f"{theirs}.dense.weight"]
-            out[f"{ours}.out_proj.bias"] = src[f"{theirs}.dense.bias"]
-        elif kind == "ffn":
-            for mine, hf_name in (("linear1", "dense_h_to_4h"), ("linear2", "dense_4h_to_h")):
-                out[f"{ours}.{mine}.weight"] = src[f"{theirs}.{hf_name}.weight"]
-                out[f"{ours}.{mine}.bias"] = src[f"{theirs}.{hf_name}.bias"]
-        elif kind == "norm":
-            out[f"{ours}.weight"] = src[f"{theirs}.weight"]
-            out[f"{ours}.bias"] = src[f"{theirs}.bias"]
-        else:
-            out[f"{ours}.weight"] = src[f"{theirs}.weight"]
+    out = import_tensors(name_map(cfg, _head_name(src)), src)
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
     return load_complete(model, out, "GPT-NeoX import").eval()
@@ -197,27 +170,10 @@ def to_neox(model: Transformer):
 
     cfg = model.cfg
     hf = GPTNeoXForCausalLM(neox_config(cfg))
-    ours = {k: v.detach() for k, v in model.state_dict().items()}
-    h = cfg.n_heads
-    out: dict[str, Tensor] = {}
     head = _head_name(hf.state_dict())
-    for kind, mine, theirs in module_pairs(cfg, head):
-        if kind == "attention":
-            out[f"{theirs}.query_key_value.weight"] = stacked_to_neox_qkv(ours[f"{mine}.in_proj.weight"], h)
-            out[f"{theirs}.query_key_value.bias"] = stacked_to_neox_qkv(ours[f"{mine}.in_proj.bias"], h)
-            out[f"{theirs}.dense.weight"] = ours[f"{mine}.out_proj.weight"]
-            out[f"{theirs}.dense.bias"] = ours[f"{mine}.out_proj.bias"]
-        elif kind == "ffn":
-            for name, hf_name in (("linear1", "dense_h_to_4h"), ("linear2", "dense_4h_to_h")):
-                out[f"{theirs}.{hf_name}.weight"] = ours[f"{mine}.{name}.weight"]
-                out[f"{theirs}.{hf_name}.bias"] = ours[f"{mine}.{name}.bias"]
-        elif kind == "norm":
-            out[f"{theirs}.weight"] = ours[f"{mine}.weight"]
-            out[f"{theirs}.bias"] = ours[f"{mine}.bias"]
-        else:
-            out[f"{theirs}.weight"] = ours[f"{mine}.weight"]
+    out = export_tensors(name_map(cfg, head), {k: v.detach() for k, v in model.state_dict().items()})
     if cfg.tie_output:
-        out[f"{head}.weight"] = ours["decoder.embed.weight"]
+        out[f"{head}.weight"] = out["gpt_neox.embed_in.weight"]
     expected = set(hf.state_dict())
     missing, unexpected = sorted(expected - set(out)), sorted(set(out) - expected)
     if missing or unexpected:

@@ -25,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import load_complete, require
+from .common import Pair, export_tensors, import_tensors, load_complete, require
 
 # atencion activation ↔ T5's feed_forward_proj (transformers' ACT2FN names)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -127,28 +126,40 @@ def t5_config(cfg: ModelConfig):
     )
 
 
-def module_pairs(cfg: ModelConfig) -> list[tuple[str, str, str]]:
-    """(kind, atencion name, T5 name) for every attention, RMSNorm, feed-forward network and
-    relative-position table, kind being "attention", "norm", "ffn" or "relative"; the one
-    correspondence both directions walk. The embedding tables are handled apart."""
-    pairs = [("relative", "encoder.relative", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias"),
-             ("relative", "decoder.relative", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias"),
-             ("norm", "encoder.final_norm", "encoder.final_layer_norm"),
-             ("norm", "decoder.final_norm", "decoder.final_layer_norm")]
+def name_map(cfg: ModelConfig) -> list[Pair]:
+    """The one table both directions walk: every atencion parameter of the attentions (W^Q, W^K,
+    W^V stacked into ``in_proj``), RMSNorms, feed-forward networks and relative-position tables
+    ((buckets, heads) each) and its T5 name. The embedding tables are handled apart: one atencion
+    table is T5's ``shared``, both ``embed_tokens`` and the tied ``lm_head``."""
+    def attention(ours: str, theirs: str) -> list[Pair]:
+        return [Pair(f"{ours}.in_proj.weight", tuple(f"{theirs}.{p}.weight" for p in "qkv")),
+                Pair(f"{ours}.out_proj.weight", f"{theirs}.o.weight")]
+
+    def ffn(ours: str, theirs: str) -> list[Pair]:
+        return [Pair(f"{ours}.linear1.weight", f"{theirs}.wi.weight"),
+                Pair(f"{ours}.linear2.weight", f"{theirs}.wo.weight")]
+
+    def norm(ours: str, theirs: str) -> Pair:
+        return Pair(f"{ours}.weight", f"{theirs}.weight")
+
+    pairs = [Pair("encoder.relative.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+             Pair("decoder.relative.weight", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+             norm("encoder.final_norm", "encoder.final_layer_norm"),
+             norm("decoder.final_norm", "decoder.final_layer_norm")]
     for i in range(cfg.n_layers):
         ours, theirs = f"encoder.layers.{i}", f"encoder.block.{i}.layer"
-        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.0.SelfAttention"),
-                  ("norm", f"{ours}.res_self.norm", f"{theirs}.0.layer_norm"),
-                  ("ffn", f"{ours}.ffn", f"{theirs}.1.DenseReluDense"),
-                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.1.layer_norm")]
+        pairs += [*attention(f"{ours}.self_attn", f"{theirs}.0.SelfAttention"),
+                  norm(f"{ours}.res_self.norm", f"{theirs}.0.layer_norm"),
+                  *ffn(f"{ours}.ffn", f"{theirs}.1.DenseReluDense"),
+                  norm(f"{ours}.res_ffn.norm", f"{theirs}.1.layer_norm")]
     for i in range(cfg.decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"decoder.block.{i}.layer"
-        pairs += [("attention", f"{ours}.self_attn", f"{theirs}.0.SelfAttention"),
-                  ("norm", f"{ours}.res_self.norm", f"{theirs}.0.layer_norm"),
-                  ("attention", f"{ours}.cross_attn", f"{theirs}.1.EncDecAttention"),
-                  ("norm", f"{ours}.res_cross.norm", f"{theirs}.1.layer_norm"),
-                  ("ffn", f"{ours}.ffn", f"{theirs}.2.DenseReluDense"),
-                  ("norm", f"{ours}.res_ffn.norm", f"{theirs}.2.layer_norm")]
+        pairs += [*attention(f"{ours}.self_attn", f"{theirs}.0.SelfAttention"),
+                  norm(f"{ours}.res_self.norm", f"{theirs}.0.layer_norm"),
+                  *attention(f"{ours}.cross_attn", f"{theirs}.1.EncDecAttention"),
+                  norm(f"{ours}.res_cross.norm", f"{theirs}.1.layer_norm"),
+                  *ffn(f"{ours}.ffn", f"{theirs}.2.DenseReluDense"),
+                  norm(f"{ours}.res_ffn.norm", f"{theirs}.2.layer_norm")]
     return pairs
 
 
@@ -160,16 +171,7 @@ def from_t5(hf_model) -> Transformer:
     if not torch.equal(src["lm_head.weight"], src["shared.weight"]):
         cfg = dataclasses.replace(cfg, tie_output=False)  # an untied head (older transformers): keep it
     model = Transformer(cfg)
-    out: dict[str, Tensor] = {}
-    for kind, ours, theirs in module_pairs(cfg):
-        if kind == "attention":
-            out[f"{ours}.in_proj.weight"] = torch.cat([src[f"{theirs}.{p}.weight"] for p in "qkv"])
-            out[f"{ours}.out_proj.weight"] = src[f"{theirs}.o.weight"]
-        elif kind == "ffn":
-            out[f"{ours}.linear1.weight"] = src[f"{theirs}.wi.weight"]
-            out[f"{ours}.linear2.weight"] = src[f"{theirs}.wo.weight"]
-        else:  # norm, relative: one weight each ((buckets, heads) for the relative table)
-            out[f"{ours}.weight"] = src[f"{theirs}.weight"]
+    out = import_tensors(name_map(cfg), src)
     out["encoder.embed.weight"] = out["decoder.embed.weight"] = src["shared.weight"]
     out["generator.weight"] = src["lm_head.weight"] if not cfg.tie_output else src["shared.weight"]
     return load_complete(model, out, "T5 import").eval()
@@ -183,17 +185,7 @@ def to_t5(model: Transformer):
     cfg = model.cfg
     hf = T5ForConditionalGeneration(t5_config(cfg))
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    out: dict[str, Tensor] = {}
-    for kind, mine, theirs in module_pairs(cfg):
-        if kind == "attention":
-            for p, w in zip("qkv", ours[f"{mine}.in_proj.weight"].chunk(3)):
-                out[f"{theirs}.{p}.weight"] = w
-            out[f"{theirs}.o.weight"] = ours[f"{mine}.out_proj.weight"]
-        elif kind == "ffn":
-            out[f"{theirs}.wi.weight"] = ours[f"{mine}.linear1.weight"]
-            out[f"{theirs}.wo.weight"] = ours[f"{mine}.linear2.weight"]
-        else:
-            out[f"{theirs}.weight"] = ours[f"{mine}.weight"]
+    out = export_tensors(name_map(cfg), ours)
     for name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
         out[name] = ours["encoder.embed.weight"]
     expected = set(hf.state_dict())

@@ -1,6 +1,7 @@
-"""The layers of §3.1: position-wise feed-forward (§3.3), residual + normalization, and the one
+"""The layers of §3.1: position-wise feed-forward (§3.3), residual + normalization, the one
 block every stack is built from (self-attention, cross-attention in a decoder that has an
-encoder, feed-forward: dense, or a mixture of experts, nn/moe.py)."""
+encoder, feed-forward: dense, or a mixture of experts, nn/moe.py), and the output projection
+to the vocabulary (§3.4) that every model ends with."""
 
 from __future__ import annotations
 
@@ -103,7 +104,17 @@ class Block(nn.Module):
         return x, self_weights, cross_weights
 
 
-def rename_legacy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Weights saved before the encoder's layers became Blocks named their self-attention's
-    residual ``res_attn``; it is ``res_self`` now."""
-    return {name.replace(".res_attn.", ".res_self."): value for name, value in state.items()}
+class Generator(nn.Module):
+    """§3.4: the pre-softmax linear projection to the vocabulary (optionally tied to the embeddings)."""
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_weight: nn.Parameter | None):
+        super().__init__()
+        if tied_weight is not None:
+            self.weight = tied_weight
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+            nn.init.normal_(self.weight, std=d_model ** -0.5)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)

@@ -4,7 +4,8 @@ A frozen linear layer W x + b becomes W x + b + (α / r) · B A dropout(x), with
 drawn as torch initialises a linear layer and B (d_out × r) zero, so the adapted model starts
 as the model it adapts. Only A and B (and a task head the base model lacks) are trained; the
 base weights are not copied into the adapted model's directory, which names its base by path and
-by the SHA-256 of its weights, checked whenever the adapters are loaded.
+by the SHA-256 of its weights, checked whenever the adapters are loaded (model_dir.py writes and
+reads those files).
 
 Targets are module names: ``attention`` (``in_proj``, W^Q, W^K and W^V stacked, and
 ``out_proj``, W^O), ``ffn`` (``linear1``, ``linear2``), ``all`` (every linear layer but the
@@ -22,7 +23,6 @@ projection tied to it (§3.4) reads the adapted table too, and merging changes n
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import math
 import os
 from dataclasses import dataclass, fields
@@ -32,10 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import AtencionError, MissingFileError
+from ..errors import AtencionError
 from .dropout import Dropout
 
-LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
 SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2"]}
 
 
@@ -209,18 +208,6 @@ class LoraInfo:
     base_sha256: str     # of its model.safetensors
 
 
-def weights_checksum(directory: str | os.PathLike) -> str:
-    """SHA-256 of a model directory's model.safetensors."""
-    from .model import WEIGHTS_FILE
-
-    path = Path(directory) / WEIGHTS_FILE
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def apply_lora(model: nn.Module, spec: LoraSpec, base: str | os.PathLike, base_sha256: str,
                trainable: list[str] = ()) -> list[str]:
     """Wrap the targeted linear layers of ``model`` (which holds the base weights) in adapters and
@@ -262,32 +249,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def trainable_state(model: nn.Module) -> dict[str, Tensor]:
     """What a LoRA model's directory stores: the trainable tensors (adapters, a new head)."""
     return {name: p.detach().contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
-
-
-def read_lora_file(directory: Path) -> dict:
-    from ..fileio import read_json
-
-    record = read_json(directory / LORA_FILE, "LoRA description")
-    for key in ("base", "base_sha256", "modules", *KEYS):
-        if key not in record:
-            raise AtencionError(f"{directory / LORA_FILE}: missing the key {key!r}")
-    for key, kind in (("base", str), ("base_sha256", str), ("modules", list)):
-        if not isinstance(record[key], kind):
-            raise AtencionError(f"{directory / LORA_FILE}: {key!r} must be a {kind.__name__}, got {record[key]!r}")
-    return record
-
-
-def check_base(directory: Path, record: dict) -> Path:
-    """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
-    present and with the weights the adapters were trained on."""
-    from .model import WEIGHTS_FILE
-
-    base = Path(record["base"])
-    if not (base / WEIGHTS_FILE).is_file():
-        raise MissingFileError(f"{directory / LORA_FILE}: its base model {base} is missing (no {WEIGHTS_FILE}); "
-                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}")
-    if weights_checksum(base) != record["base_sha256"]:
-        raise AtencionError(f"{directory / LORA_FILE}: the base model {base} has changed since these adapters "
-                            f"were trained (SHA-256 of {WEIGHTS_FILE} differs); the adapters fit only the "
-                            f"original weights")
-    return base

@@ -58,7 +58,14 @@ class MoEFeedForward(nn.Module):
         n_experts, k = len(self.experts), self.top_k
         probs = self.router(x).float().softmax(dim=-1)                        # p, (T, E)
         top_p, top_i = probs.topk(k, dim=-1)                                   # (T, k)
-        gates = top_p / top_p.sum(dim=-1, keepdim=True) if self.renormalize else top_p  # g (renormalised: sums to 1)
+        if not self.renormalize:
+            gates = top_p                                                      # g = p (Switch)
+        elif k == 1:
+            # p / p is 1, but its gradient is rounding noise (~1e-9), not 0; sign(p) is 1 (p >= 1/E > 0)
+            # with a zero gradient, and keeps the router in the output's graph, as DDP expects
+            gates = torch.sign(top_p)
+        else:
+            gates = top_p / top_p.sum(dim=-1, keepdim=True)                    # g, renormalised: sums to 1
         # the T·k assignments in token order: token t's first choice, its second, ..., then t + 1's
         expert = top_i.reshape(-1)
         token = torch.arange(x.size(0), device=x.device).repeat_interleave(k)

@@ -1,10 +1,26 @@
 """Token embeddings (§3.4) and positional encodings: the paper's absolute ones, added to the
 embeddings (§3.5: sinusoidal; Table 3 row E: learned), and the relative ones of later models,
-applied inside attention (RoPE, ALiBi, T5's bucketed bias)."""
+applied inside attention (RoPE, ALiBi, T5's bucketed bias).
+
+``POSITIONS`` names every kind once, with what the rest of atencion asks about it: its role
+(absolute or relative), the module it builds for a stack, how many positions it can read and
+what it needs of the config. ``ModelConfig.positional`` takes its keys; the stacks, the config's
+checks, generation, the exporters and the benchmarks ask it (``position_kind``,
+``position_limit``, ``absolute_positions``, ``relative_positions``) instead of naming kinds.
+
+Adding a position kind: one class here and one POSITIONS entry. An absolute kind's module
+gives ``forward(length, offset)`` (the vectors added to the embeddings) and ``vectors(n)`` (what
+an exporter writes); a relative kind's module gives ``bias(q_pos, k_pos, causal)`` (a term added to
+the scores, or None) and, to turn queries and keys, ``angles(positions)`` as RotaryPositions does.
+Formats and Hugging Face families that take one kind only (export/hf.py: Marian's sinusoids;
+interop: BERT and GPT-2 learned, NeoX RoPE, Bloom ALiBi, T5 its bias) name it themselves."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +53,10 @@ class SinusoidalPositionalEncoding(nn.Module):
             self.table = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model).to(self.table.device)
         return self.table[offset:end]
 
+    def vectors(self, n: int) -> Tensor:
+        """The PE of positions 0 … n−1, computed afresh in float32: what an exporter writes."""
+        return sinusoidal_table(n, self.d_model)
+
 
 class LearnedPositionalEmbedding(nn.Module):
     """Table 3, row (E): a learned vector per position instead of sinusoids."""
@@ -54,6 +74,11 @@ class LearnedPositionalEmbedding(nn.Module):
                 f"{self.weight.size(0)}; shorten the input or raise max_positions"
             )
         return self.weight[offset:end]
+
+    def vectors(self, n: int) -> Tensor:
+        """The vectors of positions 0 … n−1, or the whole table when it has fewer (max_positions):
+        what an exporter writes."""
+        return self.weight[:n]
 
 
 class TokenEmbedding(nn.Module):
@@ -170,15 +195,98 @@ class T5Positions(nn.Module):
         return self.weight[buckets].permute(2, 0, 1)  # (heads, queries, keys)
 
 
-ABSOLUTE, RELATIVE = ("sinusoidal", "learned"), ("rope", "alibi", "t5")
+# the registry: every kind, named once --------------------------------------------------------------
+
+ROLES = ("absolute", "relative")
+
+
+def _no_limit(cfg) -> None:
+    return None
+
+
+def _fits(cfg) -> None:
+    return None
+
+
+def _even_d_model(cfg) -> str | None:
+    if cfg.d_model % 2 != 0:
+        return f"d_model must be even for sinusoidal positions, got {cfg.d_model}"
+    return None
+
+
+def _even_d_k(cfg) -> str | None:
+    if cfg.d_k % 2:
+        return f"positional 'rope' needs an even d_k = d_model / n_heads, got {cfg.d_k}"
+    return None
+
+
+@dataclass(frozen=True)
+class PositionKind:
+    """One kind of position (a value of ``ModelConfig.positional``) and what atencion asks of it.
+
+    ``role``: "absolute", a vector per position added to the embeddings of each stack, or
+    "relative", terms inside each self-attention layer (cross-attention relates two sequences and
+    takes none). ``build(cfg)``: the module of one stack, for a ModelConfig ``cfg``. ``limit(cfg)``:
+    how many positions that module can read, None when it extends without limit. ``check(cfg)``:
+    why ``cfg`` cannot take this kind (the message ModelConfig raises), or None."""
+
+    name: str
+    role: str
+    build: Callable[[Any], nn.Module]
+    limit: Callable[[Any], int | None] = _no_limit
+    check: Callable[[Any], str | None] = _fits
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"position kind {self.name!r}: role must be one of {list(ROLES)}, got {self.role!r}")
+
+
+POSITIONS: dict[str, PositionKind] = {kind.name: kind for kind in (
+    # §3.5: fixed sinusoids, computed for any length.
+    PositionKind("sinusoidal", "absolute", lambda cfg: SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions),
+                 check=_even_d_model),
+    # Table 3, row (E): a learned table of max_positions rows, and nothing past it.
+    PositionKind("learned", "absolute", lambda cfg: LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions),
+                 limit=lambda cfg: cfg.max_positions),
+    # RoPE (Su et al. 2021): queries and keys turned by their positions.
+    PositionKind("rope", "relative", lambda cfg: RotaryPositions(cfg.d_k, cfg.rope_base), check=_even_d_k),
+    # ALiBi (Press et al. 2022): a fixed slope per head times the distance.
+    PositionKind("alibi", "relative", lambda cfg: AlibiPositions(cfg.n_heads)),
+    # T5 (Raffel et al. 2020): a learned scalar per head and bucket of relative position.
+    PositionKind("t5", "relative",
+                 lambda cfg: T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)),
+)}
+
+
+def kinds(role: str) -> tuple[str, ...]:
+    """The names of the kinds of one ``role``, in POSITIONS order."""
+    return tuple(name for name, kind in POSITIONS.items() if kind.role == role)
+
+
+def position_kind(cfg) -> PositionKind:
+    """The kind ``cfg.positional`` names (ModelConfig has checked that it is a key of POSITIONS)."""
+    return POSITIONS[cfg.positional]
+
+
+def position_limit(cfg) -> int | None:
+    """How many positions a model with ModelConfig ``cfg`` can read: a learned table's
+    max_positions rows, or None (sinusoids and relative positions extend without limit; an arch
+    "rnn" model has no positions)."""
+    if cfg.arch == "rnn":
+        return None
+    return position_kind(cfg).limit(cfg)
+
+
+def _module(cfg, role: str) -> nn.Module | None:
+    kind = position_kind(cfg)
+    return kind.build(cfg) if kind.role == role else None
+
+
+def absolute_positions(cfg) -> nn.Module | None:
+    """The absolute-position module added to one stack's embeddings, or None (a relative kind)."""
+    return _module(cfg, "absolute")
 
 
 def relative_positions(cfg) -> nn.Module | None:
-    """The relative-position module of one stack for ``cfg.positional``, or None (absolute kinds)."""
-    if cfg.positional == "rope":
-        return RotaryPositions(cfg.d_k, cfg.rope_base)
-    if cfg.positional == "alibi":
-        return AlibiPositions(cfg.n_heads)
-    if cfg.positional == "t5":
-        return T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)
-    return None
+    """The relative-position module of one stack's self-attention, or None (an absolute kind)."""
+    return _module(cfg, "relative")

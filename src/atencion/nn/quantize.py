@@ -21,8 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import AtencionError
-from .model import Model
-from .transformer import Generator
+from .layers import Generator
 
 
 class Int8Linear(nn.Module):
@@ -56,7 +55,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, int8"
 
 
-def quantize_int8(model: Model) -> Model:
+def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of ``model`` (on the CPU, in eval mode) whose linear layers and generator are int8."""
     if next(model.parameters()).device.type != "cpu":
         raise AtencionError("int8 quantization runs on the CPU; load the model with map_location='cpu'")

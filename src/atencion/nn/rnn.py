@@ -35,10 +35,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..config import ModelConfig
 from ..errors import AtencionError
+from ..model_dir import register_arch
 from .dropout import Dropout
+from .layers import Generator
 from .model import Model
 from .positional import TokenEmbedding
-from .transformer import Generator
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -250,6 +251,7 @@ class RNNDecoder(nn.Module):
         return torch.tanh(self.output(x))
 
 
+@register_arch("rnn")
 class RNNSeq2Seq(Model):
     """The RNN encoder-decoder (arch ``rnn``), with the Transformer's interface: teacher-forced
     ``model(src_ids, tgt_in_ids)`` logits (batch, tgt_len, target vocab), and the decoding

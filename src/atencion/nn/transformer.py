@@ -9,27 +9,13 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
+from ..model_dir import register_arch
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
-from .layers import ACTIVATIONS, Block, make_norm
+from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
-from .positional import (
-    LearnedPositionalEmbedding,
-    RotaryPositions,
-    SinusoidalPositionalEncoding,
-    TokenEmbedding,
-    relative_positions,
-)
-
-
-def _positions(cfg: ModelConfig) -> nn.Module | None:
-    """The absolute positions added to the embeddings; None for a relative kind."""
-    if cfg.positional == "learned":
-        return LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions)
-    if cfg.positional == "sinusoidal":
-        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
-    return None
+from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
 
 
 def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: bool,
@@ -49,7 +35,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
         super().__init__()
         self.embed = embed
-        self.positions = _positions(cfg)
+        self.positions = absolute_positions(cfg)
         self.relative = relative_positions(cfg)
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
@@ -97,7 +83,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embed: TokenEmbedding, cross: bool = True):
         super().__init__()
         self.embed = embed
-        self.positions = _positions(cfg)
+        self.positions = absolute_positions(cfg)
         self.relative = relative_positions(cfg)
         # Bloom normalizes its embeddings too (decoder-only models only: BERT's is the encoder's)
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) \
@@ -135,22 +121,6 @@ class Decoder(nn.Module):
         if state is not None:
             state.offset += tgt_ids.size(1)
         return x, self_attn, cross_attn
-
-
-class Generator(nn.Module):
-    """§3.4: the pre-softmax linear projection to the vocabulary (optionally tied to the embeddings)."""
-
-    def __init__(self, d_model: int, vocab_size: int, bias: bool, tied_weight: nn.Parameter | None):
-        super().__init__()
-        if tied_weight is not None:
-            self.weight = tied_weight
-        else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
-            nn.init.normal_(self.weight, std=d_model ** -0.5)
-        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
 
 
 class MaskedLMHead(nn.Module):
@@ -198,6 +168,7 @@ class ClassificationHead(nn.Module):
         return self.linear(self.dropout(pooled))
 
 
+@register_arch("encoder-decoder", "encoder", "decoder")
 class Transformer(Model):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 

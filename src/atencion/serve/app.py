@@ -34,10 +34,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from .. import lm
+from .. import tasks
 from ..config import TWO_STACKS
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
+from ..tasks.base import sentence_ids
+from ..tasks.classify import classify_probabilities, label_names, prediction
+from ..tasks.lm import check_prompt, generate_text
+from ..tasks.mlm import fill_mask, masked_ids
 from .batching import Batcher, Job, QueueFull, Worker, resolve
 from .metrics import Metrics
 
@@ -77,7 +81,7 @@ class LoadedModel:
 
     @property
     def task(self) -> str:
-        return lm.model_task(self.model.cfg)
+        return tasks.model_task(self.model.cfg)
 
     @property
     def answers(self) -> list[Endpoint]:
@@ -85,7 +89,7 @@ class LoadedModel:
         own task first: a translator translates; a decoder generates, an encoder with <mask> fills
         masks, a classification head classifies."""
         can = [e for e in MODEL_ENDPOINTS if e.capability(self)]
-        return sorted(can, key=lambda e: e.name != lm.USES[self.task])
+        return sorted(can, key=lambda e: e.name != tasks.TASKS[self.task].use)
 
     @property
     def endpoints(self) -> list[str]:
@@ -124,7 +128,7 @@ class Context:
         m = by_name[name] if name is not None else self.models[0]
         if endpoint.name not in m.endpoints:
             raise Refused(400, f"/{endpoint.name} needs {endpoint.needs}; model {m.name!r} is "
-                               f"{lm.describe(m.model.cfg)} and answers {', '.join('/' + e for e in m.endpoints)}")
+                               f"{tasks.describe(m.model.cfg)} and answers {', '.join('/' + e for e in m.endpoints)}")
         return m
 
     async def run(self, m: LoadedModel, work: Callable[[], Any]) -> Any:
@@ -184,7 +188,7 @@ class TranslateRequest(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """POST /generate: see ``lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
+    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str = ""
@@ -198,7 +202,7 @@ class GenerateRequest(BaseModel):
 
 
 class FillMaskRequest(BaseModel):
-    """POST /fill-mask: see ``lm.fill_mask``."""
+    """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str
@@ -207,7 +211,7 @@ class FillMaskRequest(BaseModel):
 
 
 class ClassifyRequest(BaseModel):
-    """POST /classify: see ``lm.classify_probabilities``."""
+    """POST /classify: see ``tasks.classify.classify_probabilities``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str] = Field(min_length=1)
@@ -291,9 +295,9 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
         raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
     ctx.check_length("prompt", body.prompt)
     with _unprocessable():
-        ids = lm.check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+        ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
     ctx.check_length("prompt", body.prompt, len(ids))
-    texts = await ctx.run(m, lambda: lm.generate_text(
+    texts = await ctx.run(m, lambda: generate_text(
         m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
         body.num_samples, what="prompt"))
     return {"model": m.name, "prompt": body.prompt, "texts": texts}
@@ -302,9 +306,9 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
 async def _fill_mask(body: FillMaskRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
     ctx.check_length("text", body.text)
     with _unprocessable():
-        pieces = len(lm.masked_ids(m.tokenizer, body.text, "text")) - 2
+        pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
     ctx.check_length("text", body.text, pieces)
-    masks = await ctx.run(m, lambda: lm.fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
+    masks = await ctx.run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
     return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask] for mask in masks]}
 
 
@@ -316,34 +320,30 @@ async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict
     for i, text in enumerate(body.texts):
         ctx.check_length(f"texts.{i}", text)
     with _unprocessable():
-        lm.sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
-    probabilities = await ctx.run(m, lambda: lm.classify_probabilities(
+        sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
+    probabilities = await ctx.run(m, lambda: classify_probabilities(
         m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
-    names = lm.label_names(m.model)
-    predictions = []
-    for row in probabilities.tolist():
-        best = max(range(len(row)), key=row.__getitem__)
-        predictions.append({"label": names[best], "probability": row[best], "probabilities": dict(zip(names, row))})
-    return {"model": m.name, "predictions": predictions}
+    names = label_names(m.model)
+    return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
 
 
 def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]:
-    """A capability from a test of ``lm.CAN``: a translator (two stacks) answers /translate only."""
+    """A capability from a task's ``TaskSpec.can``: a translator (two stacks) answers /translate only."""
     return lambda m: m.arch not in TWO_STACKS and can(m.model, m.tokenizer)
 
 
 # the table: one entry per model endpoint, the order /info and the 400 list them in ---------------
 
 MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("translate", TranslateRequest, lm.NEEDS["translate"], lambda m: m.arch in TWO_STACKS, _translate,
+    Endpoint("translate", TranslateRequest, tasks.USES["translate"].needs, lambda m: m.arch in TWO_STACKS, _translate,
              defaults=("beam", "alpha", "nbest", "max_len_a", "max_len_b")),
-    Endpoint("generate", GenerateRequest, lm.NEEDS["generate"], _one_stack(lm.CAN["generate"]), _generate,
+    Endpoint("generate", GenerateRequest, tasks.USES["generate"].needs, _one_stack(tasks.USES["generate"].can), _generate,
              defaults=("temperature", "top_k", "top_p", "num_samples"),
              server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
-    Endpoint("fill-mask", FillMaskRequest, lm.NEEDS["fill-mask"], _one_stack(lm.CAN["fill-mask"]), _fill_mask,
+    Endpoint("fill-mask", FillMaskRequest, tasks.USES["fill-mask"].needs, _one_stack(tasks.USES["fill-mask"].can), _fill_mask,
              defaults=("top_k",)),
-    Endpoint("classify", ClassifyRequest, lm.NEEDS["classify"], _one_stack(lm.CAN["classify"]), _classify,
-             info=lambda m: {"labels": lm.label_names(m.model)}),
+    Endpoint("classify", ClassifyRequest, tasks.USES["classify"].needs, _one_stack(tasks.USES["classify"].can), _classify,
+             info=lambda m: {"labels": label_names(m.model)}),
 )
 
 

@@ -26,7 +26,7 @@ def parse_models(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
-    from ..decode.model_dir import load_model_dir
+    from ..model_dir import load_model_dir
 
     return [LoadedModel(name, path, *load_model_dir(path, device)) for name, path in parse_models(specs)]
 

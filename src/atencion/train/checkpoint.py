@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
-from ..decode.model_dir import load_model_dir
 from ..errors import AtencionError, MissingFileError
-from ..fileio import atomic_directory, atomic_write_text
+from ..fileio import atomic_directory, atomic_write_text, need_dir
+from ..model_dir import load_model, load_model_dir
 from ..nn.lora import merge_lora
-from ..nn.model import Model, load_model
+from ..nn.model import Model
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
 # A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.
@@ -122,13 +122,22 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("step_"))
 
 
-def average_checkpoints(paths: list[Path], out: Path) -> None:
-    """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints).
-    One model is held at a time (a running sum in float64), so any number of checkpoints fits.
-    LoRA checkpoints are averaged as the merged models they stand for (the average of the
-    products B A, not the product of averages): the result holds plain weights."""
+def average_checkpoints(paths: list[str | Path], out: str | Path, force: bool = False) -> None:
+    """Average the weights of several model directories into ``out`` (§6.1: the last checkpoints),
+    which must be new or empty unless ``force``, and none of them. One model is held at a time (a
+    running sum in float64), so any number of checkpoints fits. LoRA checkpoints are averaged as
+    the merged models they stand for (the average of the products B A, not the product of
+    averages): the result holds plain weights."""
     if not paths:
         raise AtencionError("average: give at least one checkpoint directory")
+    paths = [need_dir(p, "CKPT") for p in paths]
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"--out {out}: is a file; expected a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise AtencionError(f"--out {out} exists and is not empty; pass --force to replace it")
+    if any(out.resolve() == p.resolve() for p in paths):
+        raise AtencionError(f"--out {out} is one of the checkpoints being averaged; choose another directory")
     first, tokenizer = load_model_dir(paths[0], what="CKPT")  # LoRA checkpoints: adapters folded in
     sums = {name: value.double() for name, value in first.state_dict().items() if value.is_floating_point()}
     for path in paths[1:]:

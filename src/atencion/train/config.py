@@ -18,14 +18,8 @@ from ..config import ModelConfig
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
 from ..nn.lora import LoraSpec
-
-TASKS = ("translate", "lm", "mlm", "classify")
-# The model a task trains when the config names no preset, and the archs it can train.
-TASK_PRESETS = {"translate": "tiny", "lm": "gpt-tiny", "mlm": "bert-tiny", "classify": "bert-tiny"}
-TASK_ARCHS = {"translate": ("encoder-decoder", "rnn"), "lm": ("decoder",), "mlm": ("encoder",),
-              "classify": ("encoder", "decoder")}
-# What early stopping watches when the config does not say (higher is better for bleu and accuracy).
-TASK_METRICS = {"translate": "bleu", "lm": "loss", "mlm": "loss", "classify": "accuracy"}
+from ..nn.positional import position_limit
+from ..tasks import TASKS
 
 
 @dataclass
@@ -101,37 +95,67 @@ class TrainConfig:
     @property
     def label_smoothing(self) -> float:
         ls = self.train.label_smoothing
-        return ls if ls is not None else (0.1 if self.task == "translate" else 0.0)
+        return ls if ls is not None else TASKS[self.task].label_smoothing
 
     @property
     def early_stop_metric(self) -> str:
-        return self.train.early_stop_metric or TASK_METRICS[self.task]
+        return self.train.early_stop_metric or TASKS[self.task].metric
 
-    def model_config(self, vocab_size: int, tgt_vocab_size: int | None, **task_values: Any) -> ModelConfig:
-        """The model the config describes for a tokenizer of ``vocab_size`` pieces; ``task_values``
-        are what the data decides (a classifier's labels)."""
-        values = {**self.model, **task_values}
-        preset = values.pop("preset", None if self.train.init_from else TASK_PRESETS[self.task])
-        if self.task == "classify" and "pooling" not in values:
-            arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
-            if arch == "decoder":
-                values["pooling"] = "last"
-        values["vocab_size"] = vocab_size
-        if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
-            values["tgt_vocab_size"] = tgt_vocab_size
-            values.setdefault("share_embeddings", False)
-        if preset is None:
-            return ModelConfig.from_dict(values, source=None)
-        return ModelConfig.preset(preset, **values)
+    def model_config(self, vocab_size: int, tgt_vocab_size: int | None, task_values: dict[str, Any] | None = None,
+                     start: ModelConfig | None = None) -> ModelConfig:
+        """The run's model: the model section's over these vocabularies, or train.init_from's (``start``) re-headed."""
+        task_values = task_values or {}  # what the data decides (a classifier's labels)
+        if start is None:  # a new model: the model section over the task's preset
+            values = {**self.model, **task_values}
+            preset = values.pop("preset", None if self.train.init_from else TASKS[self.task].preset)
+            if self.task == "classify" and "pooling" not in values:
+                arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
+                if arch == "decoder":
+                    values["pooling"] = "last"
+            values["vocab_size"] = vocab_size
+            if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
+                values["tgt_vocab_size"] = tgt_vocab_size
+                values.setdefault("share_embeddings", False)
+            if preset is None:
+                return ModelConfig.from_dict(values, source=None)
+            return ModelConfig.preset(preset, **values)
+        # a model started from train.init_from (``start``): its shape and vocabularies (its tokenizer's), with the
+        # dropout and the head the config and the task ask for
+        values = start.to_dict()
+        where = f"train.init_from {self.train.init_from}"
+        if self.model:  # the config's model must be the one it starts from, but for dropout and the head
+            try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
+                given = (ModelConfig.from_dict({**values, **self.model}, source=None) if "preset" not in self.model
+                         else self.model_config(start.vocab_size, start.tgt_vocab_size, task_values))
+            except AtencionError as err:
+                raise AtencionError(f"{where}: model.{err}") from None
+            for key, value in given.to_dict().items():
+                if key not in INIT_FROM_KEYS | {"num_labels", "labels", "task"} and value != values[key]:
+                    raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; "
+                                        f"a model started from train.init_from keeps its shape (the model section "
+                                        f"may change {sorted(INIT_FROM_KEYS)})")
+        values.update({key: value for key, value in self.model.items() if key in INIT_FROM_KEYS})
+        if self.task != "classify":
+            values.update(num_labels=0, labels=None)
+        elif "pooling" not in self.model and start.arch == "decoder":
+            values["pooling"] = "last"
+        values.update(task_values)
+        try:
+            model_cfg = ModelConfig.from_dict(values, source=None)
+        except AtencionError as err:
+            raise AtencionError(f"{where}: {err}") from None
+        check_task_model(self, model_cfg, where)
+        return model_cfg
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
-# The vocabulary sizes and special ids come from the trained tokenizer, the labels from the data.
+# The vocabulary sizes and special ids come from the trained tokenizer, the labels from the data,
+# the task from the config's task: key.
 MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
-    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels"}
+    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels", "task"}
 # What a model started from train.init_from may change (regularisation and the new head); any
 # other model key the config gives must agree with the model it starts from.
 INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
@@ -334,7 +358,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if cfg.early_stop_metric == "bleu" and cfg.task != "translate" or \
             cfg.early_stop_metric == "accuracy" and cfg.task != "classify":
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
-                            f"task {cfg.task!r}; use {TASK_METRICS[cfg.task]!r}")
+                            f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
     if t.schedule == "cosine" and not t.max_steps:
         raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
                             f"set train.max_steps")
@@ -352,8 +376,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
-        task_values = {"num_labels": 2} if cfg.task == "classify" else {}
-        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, **task_values)
+        task_values = {"task": cfg.task, **({"num_labels": 2} if cfg.task == "classify" else {})}
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, task_values)
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
@@ -361,17 +385,19 @@ def _validate(cfg: TrainConfig, source: str) -> None:
 
 def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
     """The model must be one the task can train: its arch, and positions long enough for the data."""
-    if model.arch not in TASK_ARCHS[cfg.task]:
+    archs = TASKS[cfg.task].archs
+    if model.arch not in archs:
         raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
-                            f"takes arch {' or '.join(TASK_ARCHS[cfg.task])} (the config's task: key chooses "
-                            f"translate, lm, mlm or classify)")
-    if model.positional != "learned" or model.arch == "rnn":  # an RNN has no position table
+                            f"takes arch {' or '.join(archs)} (the config's task: key chooses "
+                            f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
+    limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
+    if limit is None:
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
-    if longest > model.max_positions:
+    if longest > limit:
         raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
-                            f"positions stop at model.max_positions={model.max_positions}")
+                            f"positions stop at model.max_positions={limit}")
 
 
 def dump_config(cfg: TrainConfig) -> str:

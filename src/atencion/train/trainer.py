@@ -25,17 +25,17 @@ import torch.distributed as dist
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from ..decode.model_dir import load_model_dir
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
-from ..nn.lora import LORA_FILE, LoraSpec, apply_lora, select_targets, weights_checksum
-from ..nn.model import Model, build_model
+from ..model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
+from ..nn.lora import LoraSpec, apply_lora, select_targets
+from ..nn.model import Model
 from ..nn.moe import RoutingStats, moe_aux_loss
+from ..tasks import make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import INIT_FROM_KEYS, TrainConfig, check_task_model, dump_config
+from .config import OptimConfig, TrainConfig, dump_config
 from .schedule import learning_rate
-from .tasks import make_task
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,45 @@ def _device(name: str) -> torch.device:
     return resolve_device(name, "train.device")
 
 
+@dataclass
+class Start:
+    """Where a run starts (resolve_start): the last checkpoint (--resume), train.init_from, or nothing (fresh)."""
+
+    model: Model | None = None          # the weights it starts from: the checkpoint's (its LoRA adapters
+                                        # unmerged) or init_from's; None: new weights
+    tokenizer: Tokenizer | None = None  # theirs; None: the run trains one
+    checkpoint: Path | None = None      # --resume: the checkpoint it continues
+    shape: ModelConfig | None = None    # a fine-tuning run (also on --resume): the model whose shape it keeps
+
+
+def resolve_start(cfg: TrainConfig, checkpoint: Path | None) -> Start:
+    """Where the run starts: ``checkpoint`` (--resume), the trained model of train.init_from, or nothing."""
+    t = cfg.train
+    if checkpoint is not None:  # the model as saved, its adapters unmerged: they train on
+        model, tokenizer = load_model_dir(checkpoint, what="checkpoint", merge=False)
+        if model.lora is not None or t.lora is not None:
+            _same_lora(model, t.lora, checkpoint)
+        return Start(model, tokenizer, checkpoint, shape=model.cfg if t.init_from is not None else None)
+    if t.init_from is None:
+        return Start()
+    model, tokenizer = load_model_dir(t.init_from, what="train.init_from")
+    if t.lora is not None:
+        _check_lora_base(model, cfg)
+    return Start(model, tokenizer, shape=model.cfg)
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters (§5.3, weight_decay an L2 term), or AdamW with decoupled decay."""
+    t = train_cfg
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
+    if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's groups)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
+    return torch.optim.Adam(params, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay,
+                            fused=True)  # lr=0: the schedule sets each update's rate
+
+
 class Trainer:
     """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
 
@@ -83,10 +122,37 @@ class Trainer:
         self.command = list(command or ["atencion", "train", "CONFIG", "--out", str(self.out)])
         t = cfg.train
         self.device = _device(t.device)
-        self.dist = _init_distributed(self.device)
+        self.dist = _init_distributed(self.device)  # this process's place under torchrun
         if t.threads:
             torch.set_num_threads(t.threads)
         self.ckpt_dir = self.out / "checkpoints"
+        checkpoint = self._check_run_dir(resume)  # --resume: the last checkpoint
+        torch.manual_seed(t.seed)
+        self.task = make_task(cfg)  # the task's data, read
+        self._remove_stale_temporaries()
+        start = resolve_start(cfg, checkpoint)  # resume, train.init_from or fresh
+        self.tokenizer = self._tokenizer(start)
+        self.task.encode(self.tokenizer)
+        tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies, or init_from's shape
+        model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
+                                     self.task.model_values(), start=start.shape)
+        if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
+            raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
+        self.model = build_model(model_cfg).to(self.device)
+        new_head = self._copy_init_from(start)
+        self._add_lora(start, new_head)
+        unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(
+            self.model, find_unused_parameters=unused) if self.dist.world > 1 else self.model)
+        self.optimizer = build_optimizer(self.model, t)
+        self.state: dict[str, Any] = self._restore(start)
+        self._writer = None
+        self._routing = RoutingStats.of(self.model)  # None without mixture-of-experts layers
+
+    # the steps of __init__ ---------------------------------------------------------------------
+
+    def _check_run_dir(self, resume: bool) -> Path | None:
+        """The checkpoint --resume continues (the last; there must be one), or None: --out may hold a new run."""
         checkpoints = list_checkpoints(self.ckpt_dir)
         if resume and not checkpoints:
             if (self.out / RUN_FILE).is_file():
@@ -96,90 +162,76 @@ class Trainer:
             raise MissingFileError(f"{self.ckpt_dir}: no checkpoint to resume from")
         if not resume:
             prepare_run_dir(self.out, check_only=True)  # refuses a directory that is not a run
-        torch.manual_seed(t.seed)
+            return None
+        return checkpoints[-1]
 
-        self.task = make_task(cfg)
+    def _remove_stale_temporaries(self) -> None:
+        """Remove (and name) the temporary files an interrupted process left in the run directory."""
         if self.dist.main:
             for directory in (self.out, self.ckpt_dir):
                 for line in clean_stale_temporaries(directory):
                     log.warning("%s (left by an interrupted process)", line)
-        start = None
-        if resume:
-            saved, self.tokenizer = load_model_dir(checkpoints[-1], what="checkpoint", merge=False)
-        else:
-            if t.init_from is not None:
-                start, self.tokenizer = load_model_dir(t.init_from, what="train.init_from")
-                if t.lora is not None:
-                    _check_lora_base(start, cfg)
-            if self.dist.main:
-                try:
-                    restarted = prepare_run_dir(self.out)
-                    if restarted:
-                        log.warning("%s held a run that stopped before its first checkpoint; starting it over "
-                                    "(removed %s)", self.out, ", ".join(restarted))
-                    if start is None:
-                        self.tokenizer = self.task.train_tokenizer()
-                    self.tokenizer.save(self.out)
-                    atomic_write_text(self.out / "config.yaml", dump_config(cfg))
-                except AtencionError as err:
-                    raise AtencionError(f"{err}; no checkpoint was written; start over in the same directory: "
-                                        f"{shlex.join(self.command)}") from None
-            self.dist.barrier()
-            self.tokenizer = Tokenizer.load(self.out)
-        self.task.encode(self.tokenizer)
 
-        tok = self.tokenizer
-        if start is not None or (resume and t.init_from is not None):  # a fine-tuning run: its model's shape
-            model_cfg = _init_from_config((start or saved).cfg, cfg, self.task.model_values())
+    def _tokenizer(self, start: Start) -> Tokenizer:
+        """The checkpoint's tokenizer, or init_from's or a new one saved with config.yaml in a new run directory."""
+        if start.checkpoint is not None:
+            return start.tokenizer
+        if self.dist.main:
+            try:
+                restarted = prepare_run_dir(self.out)
+                if restarted:
+                    log.warning("%s held a run that stopped before its first checkpoint; starting it over "
+                                "(removed %s)", self.out, ", ".join(restarted))
+                tokenizer = self.task.train_tokenizer() if start.tokenizer is None else start.tokenizer
+                tokenizer.save(self.out)
+                atomic_write_text(self.out / "config.yaml", dump_config(self.cfg))
+            except AtencionError as err:
+                raise AtencionError(f"{err}; no checkpoint was written; start over in the same directory: "
+                                    f"{shlex.join(self.command)}") from None
+        self.dist.barrier()
+        return Tokenizer.load(self.out)  # every process reads the one the main process wrote
+
+    def _copy_init_from(self, start: Start) -> list[str]:
+        """Copy train.init_from's weights into the new model; returns the names of a new classification head."""
+        if start.model is None or start.checkpoint is not None:  # a checkpoint's weights come back in _restore
+            return []
+        init_from = self.cfg.train.init_from
+        new_head = self.model.start_from(start.model, f"train.init_from {init_from}")
+        log.info("started from %s%s", init_from, " (a new classification head)" if new_head else "")
+        return new_head
+
+    def _add_lora(self, start: Start, new_head: list[str]) -> None:
+        """LoRA (train.lora): adapters over the frozen init_from weights; a new head trains beside them."""
+        t = self.cfg.train
+        if t.lora is None:
+            return
+        if start.checkpoint is not None:  # the checkpoint's adapters again: the same base, the same trainable head
+            new_head = [name for name, p in start.model.named_parameters()
+                        if p.requires_grad and not name.endswith(("lora_A", "lora_B"))]
+            base, checksum = start.model.lora.base, start.model.lora.base_sha256
         else:
-            model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
-                                         **self.task.model_values())
-        if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
-            raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
-        self.model = build_model(model_cfg).to(self.device)
-        new_head = []
-        if start is not None:
-            new_head = self.model.start_from(start, f"train.init_from {t.init_from}")
-            log.info("started from %s%s", t.init_from, " (a new classification head)" if new_head else "")
-        if resume and (saved.lora is not None or t.lora is not None):
-            _same_lora(saved, t.lora, checkpoints[-1])
-        if t.lora is not None:  # adapters over the frozen weights; the base is the init_from model
-            if resume:
-                new_head = [name for name, p in saved.named_parameters()
-                            if p.requires_grad and not name.endswith(("lora_A", "lora_B"))]
-                base, checksum = saved.lora.base, saved.lora.base_sha256
-            else:
-                base, checksum = t.init_from, weights_checksum(t.init_from)
-            apply_lora(self.model, LoraSpec.from_config(t.lora), base, checksum, trainable=new_head)
-            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            log.info("LoRA: %d of %d parameters trainable (%.2f%%)", trained, self.model.num_parameters(),
-                     100 * trained / self.model.num_parameters())
-        del start
-        unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
-        self.ddp = (torch.nn.parallel.DistributedDataParallel(
-            self.model, find_unused_parameters=unused) if self.dist.world > 1 else self.model)
-        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
-        if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's)
-            groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-            self.optimizer = torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=0.0, betas=t.adam_betas,
-                                              eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
-        self.state: dict[str, Any] = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None,
-                                      "best_step": None, "bad_validations": 0, "train_seconds": 0.0,
-                                      "valid_seconds": 0.0, "update_seconds": 0.0, "target_tokens": 0}
-        if resume:
-            _same_model(saved.cfg, model_cfg, checkpoints[-1])
-            self.model.load_state_dict(saved.state_dict())
-            del saved
-            saved_state = load_training_state(checkpoints[-1], self.optimizer)
-            saved_state.setdefault("update_seconds",  # checkpoints written before updates were timed apart
-                                   max(saved_state["train_seconds"] - saved_state["valid_seconds"], 0.0))
-            self.state = {**self.state, **saved_state}
-            log.info("resumed from %s at step %d", checkpoints[-1], self.state["step"])
-        self._writer = None
-        self._routing = RoutingStats.of(self.model)  # None without mixture-of-experts layers
+            base, checksum = t.init_from, weights_checksum(t.init_from)
+        apply_lora(self.model, LoraSpec.from_config(t.lora), base, checksum, trainable=new_head)
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        log.info("LoRA: %d of %d parameters trainable (%.2f%%)", trained, self.model.num_parameters(),
+                 100 * trained / self.model.num_parameters())
+
+    def _restore(self, start: Start) -> dict[str, Any]:
+        """The position in training: zero, or the checkpoint's weights, optimizer state and counters (exact resume)."""
+        state = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None, "best_step": None,
+                 "bad_validations": 0, "train_seconds": 0.0, "valid_seconds": 0.0, "update_seconds": 0.0,
+                 "target_tokens": 0}
+        if start.checkpoint is None:
+            return state
+        _same_model(start.model.cfg, self.model.cfg, start.checkpoint)
+        self.model.load_state_dict(start.model.state_dict())
+        start.model = None  # its memory back before the optimizer state is read
+        saved = load_training_state(start.checkpoint, self.optimizer)
+        saved.setdefault("update_seconds",  # checkpoints written before updates were timed apart
+                         max(saved["train_seconds"] - saved["valid_seconds"], 0.0))
+        state.update(saved)
+        log.info("resumed from %s at step %d", start.checkpoint, state["step"])
+        return state
 
     # one update ------------------------------------------------------------------------------
 
@@ -440,37 +492,6 @@ class Trainer:
                     self._writer.add_scalar(f"moe/layer{i}/expert{j}", share, record["step"])
 
 
-def _init_from_config(start: ModelConfig, cfg: TrainConfig, task_values: dict) -> ModelConfig:
-    """The model of a run started from train.init_from: the saved one, with the dropout and the
-    head the new config and task ask for."""
-    values = start.to_dict()
-    where = f"train.init_from {cfg.train.init_from}"
-    if cfg.model:  # the config's model must be the one it starts from, but for dropout and the head
-        try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
-            given = (ModelConfig.from_dict({**values, **cfg.model}, source=None).to_dict()
-                     if "preset" not in cfg.model else
-                     cfg.model_config(start.vocab_size, start.tgt_vocab_size, **task_values).to_dict())
-        except AtencionError as err:
-            raise AtencionError(f"{where}: model.{err}") from None
-        for key, value in given.items():
-            if key not in INIT_FROM_KEYS | {"num_labels", "labels"} and value != values[key]:
-                raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; a "
-                                    f"model started from train.init_from keeps its shape (the model section "
-                                    f"may change {sorted(INIT_FROM_KEYS)})")
-    values.update({key: value for key, value in cfg.model.items() if key in INIT_FROM_KEYS})
-    if cfg.task != "classify":
-        values.update(num_labels=0, labels=None)
-    elif "pooling" not in cfg.model and start.arch == "decoder":
-        values["pooling"] = "last"
-    values.update(task_values)
-    try:
-        model_cfg = ModelConfig.from_dict(values, source=None)
-    except AtencionError as err:
-        raise AtencionError(f"{where}: {err}") from None
-    check_task_model(cfg, model_cfg, where)
-    return model_cfg
-
-
 def _check_lora_base(start: Model, cfg: TrainConfig) -> None:
     """Before anything is written: the base of a LoRA run holds plain weights, and the targets
     and rank of train.lora fit it."""
@@ -496,6 +517,8 @@ def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:
     """--resume must rebuild the model it saved: name the first key where the configs differ."""
     for key, value in saved.to_dict().items():
+        if key == "task" and value is None:  # a checkpoint written before the task was saved in config.json
+            continue
         if getattr(given, key) != value:
             raise AtencionError(f"{checkpoint / 'config.json'}: {key} is {value!r} but the config given now "
                                 f"makes it {getattr(given, key)!r}; the model section cannot change on --resume")

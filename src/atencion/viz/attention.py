@@ -56,6 +56,7 @@ import torch
 from ..config import TWO_STACKS
 from ..decode.sample import generate_ids
 from ..errors import AtencionError
+from ..nn.positional import position_limit
 
 log = logging.getLogger(__name__)
 
@@ -218,9 +219,10 @@ def capture_self_attention(model, tokenizer, text: str, max_new_tokens: int = 0)
         raise AtencionError(f"--max-new-tokens: only a decoder-only model (GPT) generates; this model is "
                             f"{ARCH_NAMES[cfg.arch]}")
     prompt = self_attention_ids(model, tokenizer, text)
-    if cfg.positional == "learned" and len(prompt) + max_new_tokens > cfg.max_positions:
+    limit = position_limit(cfg)
+    if limit is not None and len(prompt) + max_new_tokens > limit:
         raise AtencionError(f"--text: {len(prompt)} tokens + --max-new-tokens {max_new_tokens} pass this model's "
-                            f"learned positions, which stop at max_positions={cfg.max_positions}")
+                            f"learned positions, which stop at max_positions={limit}")
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
     if max_new_tokens:

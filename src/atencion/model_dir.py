@@ -1,0 +1,350 @@
+"""A model directory, in one place: what its files are called, how a model is written into one
+and read back, and which class each ``arch`` builds.
+
+An atencion model directory holds:
+
+    config.json                        the ModelConfig, with the arch and the task it was trained for
+    model.safetensors                  the weights (tied tensors stored once)
+    lora.json, adapters.safetensors    instead of the weights: LoRA adapters over a base directory,
+                                       named by path and by the SHA-256 of its weights (nn/lora.py)
+    the tokenizer's files              data/tokenizer.py (tokenizer.json and the subword models)
+
+Nothing is ever unpickled. ``save_model``/``load_model`` write and read the model
+(``Model.save``/``Model.load`` call them), ``load_model_dir`` reads a model with its tokenizer,
+checked against each other, as every command does, and ``save_model_dir`` writes both.
+
+Seams for what comes next:
+- a new architecture is a ``Model`` subclass (nn/model.py) decorated with
+  ``@register_arch("name")``; ``build_model`` finds it in ``ARCHS``, and ``atencion/nn/__init__.py``
+  imports every architecture module so that the table is full whatever was imported first;
+- ``directory_kind`` tells an atencion directory from a Hugging Face one (config.json with a
+  ``model_type``) and from a directory of several towers (``towers.json``, as CLIP's image and
+  text encoders); ``load_model`` reads the first and says in one line what the others are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .data.tokenizer import INFO_FILE, Tokenizer
+from .devices import resolve_device
+from .errors import AtencionError, MissingFileError
+from .fileio import (
+    atomic_directory,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    json_line,
+    need_dir,
+    need_output_dir,
+    read_json,
+)
+
+# nn/ is imported where it is used (a model is an nn.Module here): its architectures import this
+# module to register, so importing nn/ at the top would run in a circle.
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
+TOWERS_FILE = "towers.json"
+
+# arch → the Model subclass that builds it; filled by @register_arch on each class
+ARCHS: dict[str, type] = {}
+
+
+def register_arch(*names: str) -> Callable[[type], type]:
+    """Class decorator: ``build_model`` builds this class for a config whose arch is one of ``names``."""
+    def register(cls: type) -> type:
+        for name in names:
+            ARCHS[name] = cls
+        return cls
+    return register
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """A freshly initialised model of the architecture ``cfg.arch`` names (``ARCHS``)."""
+    if not isinstance(cfg, ModelConfig):
+        raise AtencionError(f"build_model(cfg): expected a ModelConfig, got {type(cfg).__name__}")
+    if cfg.arch not in ARCHS:
+        raise AtencionError(f"arch {cfg.arch!r}: no model class is registered for it; known: {sorted(ARCHS)}")
+    return ARCHS[cfg.arch](cfg)
+
+
+# which kind of directory ------------------------------------------------------------------------
+
+
+def directory_kind(directory: str | os.PathLike) -> str:
+    """"towers" (a towers.json naming several model directories), "huggingface" (a config.json
+    with a ``model_type``, as transformers writes) or "atencion" (anything else: its own reader
+    says what is wrong with it)."""
+    directory = Path(directory)
+    if (directory / TOWERS_FILE).is_file():
+        return "towers"
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "atencion"
+    return "huggingface" if isinstance(config, dict) and "model_type" in config else "atencion"
+
+
+def _refuse_other_kinds(directory: Path) -> None:
+    kind = directory_kind(directory)
+    if kind == "huggingface":
+        model_type = read_json(directory / CONFIG_FILE, "config")["model_type"]
+        raise AtencionError(f"{directory}: a Hugging Face model directory (config.json has model_type "
+                            f"{model_type!r}), not an atencion one; load it with transformers and convert it "
+                            f"with atencion.interop.from_hf")
+    if kind == "towers":
+        raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model; "
+                            f"give one tower's directory")
+
+
+# the model: config.json + model.safetensors, or LoRA adapters over a base -------------------------
+
+
+def save_model(model: nn.Module, directory: str | os.PathLike) -> None:
+    """Write config.json and model.safetensors into ``directory`` (each atomically); a model with
+    LoRA adapters writes adapters.safetensors and lora.json instead of its weights."""
+    from safetensors.torch import save
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if model.lora is not None:
+        _save_adapters(model, directory)
+        return
+    state = model.state_dict()
+    tensors = {name: state[name].detach().contiguous().cpu()
+               for name, canonical in model._canonical_names().items() if name == canonical}
+    bad = non_finite(tensors)
+    if bad:
+        raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
+    atomic_write_bytes(directory / WEIGHTS_FILE, save(tensors))  # our write: a full disk is an OSError
+    atomic_write(directory / CONFIG_FILE, model.cfg.save)
+
+
+def load_model(directory: str | os.PathLike, map_location: str | torch.device = "cpu",
+               expect: type | None = None) -> nn.Module:
+    """The model saved in ``directory`` by :func:`save_model`, of the architecture its config
+    names; ``expect``: refuse, in one line, one that is not of this class."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise MissingFileError(f"{directory}: model directory not found")
+    _refuse_other_kinds(directory)
+    if (directory / LORA_FILE).is_file():
+        return _load_adapted(directory, map_location, expect)
+    model = build_model(ModelConfig.load(directory / CONFIG_FILE))
+    _check_class(model, directory, expect)
+    path = directory / WEIGHTS_FILE
+    if not path.is_file():
+        raise MissingFileError(f"{path}: model weights not found")
+    try:
+        tensors = rename_legacy(load_file(str(path), device=str(map_location)))
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
+    canonical = model._canonical_names()
+    expected = {name for name, first in canonical.items() if name == first}
+    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    if missing or unexpected:
+        raise AtencionError(f"{path}: weights do not match {directory / CONFIG_FILE}; "
+                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    state = model.state_dict()
+    for name, first in canonical.items():
+        if tuple(tensors[first].shape) != tuple(state[name].shape):
+            raise AtencionError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
+                                f"the config expects {tuple(state[name].shape)}")
+    bad = non_finite(tensors)
+    if bad:
+        raise AtencionError(f"{path}: {bad}; this model diverged in training and cannot be used "
+                            f"(take an earlier checkpoint)")
+    model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
+    return model
+
+
+def rename_legacy(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Weights saved before the encoder's layers became Blocks named their self-attention's
+    residual ``res_attn``; it is ``res_self`` now."""
+    return {name.replace(".res_attn.", ".res_self."): value for name, value in state.items()}
+
+
+def _check_class(model: nn.Module, directory: Path, expect: type | None) -> None:
+    if expect is not None and not isinstance(model, expect):
+        raise AtencionError(f"{directory / CONFIG_FILE}: arch {model.cfg.arch!r} is a {type(model).__name__}, "
+                            f"not a {expect.__name__}; load it with atencion.load")
+
+
+def _save_adapters(model: nn.Module, directory: Path) -> None:
+    from safetensors.torch import save
+
+    from .nn.lora import trainable_state
+
+    info = model.lora
+    tensors = trainable_state(model)
+    bad = non_finite(tensors)
+    if bad:
+        raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
+    atomic_write_bytes(directory / ADAPTERS_FILE, save(tensors))
+    record = {"base": info.base, "base_sha256": info.base_sha256, **asdict(info.spec), "modules": info.modules}
+    atomic_write_text(directory / LORA_FILE, json.dumps(record, indent=2) + "\n")
+    atomic_write(directory / CONFIG_FILE, model.cfg.save)
+
+
+def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Module:
+    """A LoRA model: its base (checked against the recorded checksum), then the adapters."""
+    from safetensors.torch import load_file
+
+    from .nn.lora import KEYS, LoraSpec, apply_lora
+
+    record = read_lora_file(directory)
+    spec = LoraSpec.from_config({key: record[key] for key in KEYS}, where=str(directory / LORA_FILE))
+    base_dir = check_base(directory, record)
+    if (base_dir / LORA_FILE).is_file():
+        raise AtencionError(f"{directory / LORA_FILE}: its base {base_dir} is itself a LoRA model; "
+                            f"a base must hold plain weights")
+    model = build_model(ModelConfig.load(directory / CONFIG_FILE)).to(map_location)
+    _check_class(model, directory, expect)
+    new = model.start_from(load_model(base_dir, map_location, expect), f"{directory / LORA_FILE}: base {base_dir}")
+    names = apply_lora(model, spec, base_dir, record["base_sha256"], trainable=new)
+    if names != record["modules"]:
+        raise AtencionError(f"{directory / LORA_FILE}: its targets now select {names[:3]}…, "
+                            f"not the layers it adapted {record['modules'][:3]}…")
+    path = directory / ADAPTERS_FILE
+    if not path.is_file():
+        raise MissingFileError(f"{path}: LoRA adapters not found")
+    try:
+        tensors = load_file(str(path), device=str(map_location))
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
+    expected = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise AtencionError(f"{path}: adapters do not match {directory / LORA_FILE}; "
+                            f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise AtencionError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                f"expected {tuple(expected[name].shape)}")
+    bad = non_finite(tensors)
+    if bad:
+        raise AtencionError(f"{path}: {bad}; these adapters diverged in training and cannot be used")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            expected[name].copy_(tensor)
+    return model
+
+
+def non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """None if every floating-point tensor is finite, else which tensor holds NaN or inf values."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            return f"tensor {name!r} holds {count} non-finite value(s) (NaN or inf)"
+    return None
+
+
+# LoRA's base, named by lora.json ------------------------------------------------------------------
+
+
+def weights_checksum(directory: str | os.PathLike) -> str:
+    """SHA-256 of a model directory's model.safetensors."""
+    path = Path(directory) / WEIGHTS_FILE
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_lora_file(directory: Path) -> dict:
+    """lora.json of ``directory``, with every key it must hold, of the right types."""
+    from .nn.lora import KEYS
+
+    record = read_json(directory / LORA_FILE, "LoRA description")
+    for key in ("base", "base_sha256", "modules", *KEYS):
+        if key not in record:
+            raise AtencionError(f"{directory / LORA_FILE}: missing the key {key!r}")
+    for key, kind in (("base", str), ("base_sha256", str), ("modules", list)):
+        if not isinstance(record[key], kind):
+            raise AtencionError(f"{directory / LORA_FILE}: {key!r} must be a {kind.__name__}, got {record[key]!r}")
+    return record
+
+
+def check_base(directory: Path, record: dict) -> Path:
+    """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
+    present and with the weights the adapters were trained on."""
+    base = Path(record["base"])
+    if not (base / WEIGHTS_FILE).is_file():
+        raise MissingFileError(f"{directory / LORA_FILE}: its base model {base} is missing (no {WEIGHTS_FILE}); "
+                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}")
+    if weights_checksum(base) != record["base_sha256"]:
+        raise AtencionError(f"{directory / LORA_FILE}: the base model {base} has changed since these adapters "
+                            f"were trained (SHA-256 of {WEIGHTS_FILE} differs); the adapters fit only the "
+                            f"original weights")
+    return base
+
+
+# the model with its tokenizer ---------------------------------------------------------------------
+
+
+def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
+                   what: str = "--model", merge: bool = True) -> tuple[nn.Module, Tokenizer]:
+    """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
+    the option it came from in messages. The tokenizer's vocabularies must be the model's. The
+    LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
+    from .nn.lora import merge_lora
+
+    path = need_dir(path, what)
+    model = load_model(path, map_location=resolve_device(device)).eval()
+    if merge:
+        merge_lora(model)
+    tokenizer = Tokenizer.load(path)
+    check_vocabularies(path, model, tokenizer)
+    if int8:
+        from .nn.quantize import quantize_int8
+
+        model = quantize_int8(model)
+    return model, tokenizer
+
+
+def save_model_dir(directory: str | os.PathLike, model: nn.Module, tokenizer: Tokenizer) -> None:
+    """Write the model and its tokenizer into ``directory``, atomically (the files go to a
+    temporary directory renamed to ``directory`` when complete): what ``load_model_dir`` reads."""
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+
+    atomic_directory(directory, fill)
+
+
+def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
+    """Fold the LoRA adapters of the model directory ``model`` into its base weights and write a
+    plain model directory ``out`` (new or empty); returns its parameter count."""
+    model_dir = need_dir(model, "--model")
+    if not (model_dir / LORA_FILE).is_file():
+        raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
+    out = need_output_dir(out, "--out")
+    merged, tokenizer = load_model_dir(model_dir)  # adapters folded in
+    save_model_dir(out, merged, tokenizer)
+    return merged.num_parameters()
+
+
+def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:
+    """The tokenizer's vocabularies must be the sizes the model's config gives."""
+    cfg = model.cfg
+    for side, pieces, key, size in (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),
+                                     ("target", tokenizer.tgt_vocab_size, "tgt_vocab_size", cfg.target_vocab_size)):
+        if pieces != size:
+            shown = key if key == "vocab_size" or cfg.tgt_vocab_size is not None else "vocab_size"
+            raise AtencionError(f"{path / INFO_FILE}: the {side} tokenizer has {pieces} pieces but "
+                                f"{path / CONFIG_FILE} line {json_line(path / CONFIG_FILE, shown)} gives the "
+                                f"model {size}; the files come from different runs")

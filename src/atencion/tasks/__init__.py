@@ -1,0 +1,58 @@
+"""One home per task. Each module here holds a task whole: its training side (a ``Task``: what
+it reads, how it batches, its loss, how it validates), its use side (what a model trained for
+it does, and how `atencion evaluate` scores it) and its ``SPEC`` (base.TaskSpec: the default
+preset, the archs it trains, its metric, its command and server endpoint, what evaluate reads),
+side by side as x-transformers keeps a wrapper's loss and its ``generate``.
+
+    translate   an encoder-decoder or an RNN on parallel text        → translate
+    lm          a GPT on plain text                                  → generate
+    mlm         a BERT by masking                                    → fill-mask
+    classify    a label per sentence, over an encoder or a decoder   → classify
+
+The training configuration (train/config.py), the trainer, `atencion evaluate` and the server
+read ``TASKS`` instead of keeping tables of their own. The task a model was trained for is saved
+in its config.json (``ModelConfig.task``).
+
+A new task is one module here: a ``Task`` subclass (``tokenizer_texts``/``train_tokenizer``,
+``encode``, ``lengths`` or ``batches``, ``make_batch``, ``loss``, ``validate``), its use
+functions, and ``SPEC = register_task(TaskSpec(...))``; then one import line below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import AtencionError
+from . import classify, lm, mlm, translate  # noqa: F401  (each registers its SPEC)
+from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
+
+__all__ = ["TASKS", "USES", "Task", "TaskBatch", "TaskSpec", "check_model", "describe", "evaluate", "make_task",
+           "model_task", "uses"]
+
+
+def make_task(cfg) -> Task:
+    """The training side of the task ``cfg.task`` (a TrainConfig) names, with its data read."""
+    return TASKS[cfg.task].training(cfg)
+
+
+def evaluate(model: str, warn=None, **options: Any) -> dict:
+    """`atencion evaluate`: score the model directory ``model`` on a test set, as its task does
+    (``TaskSpec.evaluate``); returns "task" and the scores with their settings. ``options`` are
+    evaluate's arguments by name (src, ref, text, tsv, block_size, device, int8, batch_tokens,
+    max_input_tokens, decode, ...; None: not given): one that belongs to another task's models
+    is refused, as is a missing one the task needs."""
+    from ..config import ModelConfig
+    from ..fileio import need_dir
+    from ..model_dir import CONFIG_FILE
+
+    model_dir = need_dir(model, "--model")
+    cfg = ModelConfig.load(model_dir / CONFIG_FILE)
+    spec = TASKS[model_task(cfg)]
+    for option in dict.fromkeys(o for s in TASKS.values() for o in s.evaluate_options):
+        if options.get(option) is not None and option not in spec.evaluate_options:
+            kinds = " or ".join(s.kind for s in TASKS.values() if option in s.evaluate_options)
+            raise AtencionError(f"{flag(option)} is for {kinds}; --model {model} is {describe(cfg)}: give "
+                                f"{spec.evaluate_needs}")
+    if any(options.get(option) is None for option in spec.evaluate_required):
+        raise AtencionError(f"--model {model} is {describe(cfg)}: give {spec.evaluate_needs}")
+    return {"task": spec.name, **spec.evaluate(model, options, warn)}

@@ -1,0 +1,233 @@
+"""What every task shares: its spec (``TaskSpec``), the training side's interface (``Task``,
+``TaskBatch``), the table of tasks (``TASKS``, filled by ``register_task``), and the questions
+every command asks of a model: which task it was trained for (``model_task``), what it is in a
+message (``describe``), and whether it can do what it is asked (``check_model``).
+
+The trainer (train/trainer.py) owns the loop, the optimizer and the checkpoints; a task gives
+it index batches (``batches``), turns one into tensors (``make_batch``), computes its summed
+loss (``loss``) and validates (``validate``). Everything random in a batch (the epoch's order,
+MLM's masking) is drawn from the seed, the epoch and the step, so a resumed run repeats it
+exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..data.batching import token_batches
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..errors import AtencionError, Diverged
+from ..nn.positional import position_limit as positions_of
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything the rest of atencion needs to know about one task, in one place."""
+
+    name: str                      # the config's ``task:``, saved in the model's config.json
+    kind: str                      # what a model of this task is, in messages
+    preset: str                    # the model a config without model.preset trains
+    archs: tuple[str, ...]         # the archs it can train
+    metric: str                    # what early stopping watches by default (bleu, accuracy: higher is better)
+    label_smoothing: float         # ε_ls when train.label_smoothing is not given
+    training: type[Task]           # the training side
+    use: str                       # what a model trained for it does: the command and the server's endpoint
+    needs: str                     # what ``use`` needs of a model, in messages
+    can: Callable[[Any, Tokenizer], bool]  # whether a model (with its tokenizer) can do ``use``
+    evaluate: Callable[..., dict]  # `atencion evaluate` for a model of this task: (model_dir, options, warn)
+    evaluate_options: tuple[str, ...]  # the options of `atencion evaluate` it reads (argument names)
+    evaluate_required: tuple[str, ...]  # those it must be given
+
+    @property
+    def evaluate_needs(self) -> str:
+        """The options ``evaluate`` must be given, as a message names them: "--src F --ref F"."""
+        return " ".join(f"{flag(option)} F" for option in self.evaluate_required)
+
+
+TASKS: dict[str, TaskSpec] = {}    # name → spec, in the order the task modules register
+USES: dict[str, TaskSpec] = {}     # use (translate, generate, fill-mask, classify) → spec
+
+
+def flag(option: str) -> str:
+    """The command-line flag of an argument name: block_size → --block-size."""
+    return "--" + option.replace("_", "-")
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    """Add a task to ``TASKS`` (tasks/__init__.py imports every task module)."""
+    TASKS[spec.name] = spec
+    USES[spec.use] = spec
+    return spec
+
+
+def model_task(cfg: ModelConfig) -> str:
+    """The task a model was trained for: the one its config.json saves, or, for a directory
+    written before the task was saved, what its config tells: "classify" (a classification
+    head), "mlm" (an encoder), "lm" (a decoder) or "translate" (an encoder-decoder, an RNN)."""
+    if cfg.task is not None:
+        if cfg.task not in TASKS:
+            raise AtencionError(f"config.json: task {cfg.task!r} is not a task of atencion; known: {list(TASKS)}")
+        return cfg.task
+    if cfg.num_labels:
+        return "classify"
+    return {"encoder": "mlm", "decoder": "lm"}.get(cfg.arch, "translate")
+
+
+def describe(cfg: ModelConfig) -> str:
+    """What a model is, for messages: the kind of its task, a translator named by its own arch."""
+    task = model_task(cfg)
+    return f"a translator (arch {cfg.arch})" if task == "translate" else TASKS[task].kind
+
+
+def uses(model, tokenizer: Tokenizer) -> list[str]:
+    """What ``model`` can do (USES), the use of its own task first."""
+    own = TASKS[model_task(model.cfg)].use
+    return sorted((use for use, spec in USES.items() if spec.can(model, tokenizer)), key=lambda use: use != own)
+
+
+def check_model(model, tokenizer: Tokenizer, use: str) -> None:
+    """Refuse, in one line, a model that cannot do ``use`` (generate, fill-mask, classify)."""
+    if not USES[use].can(model, tokenizer):
+        task = model_task(model.cfg)
+        detail = " and its tokenizer has no <mask>" if use == "fill-mask" and model.cfg.arch == "encoder" else ""
+        raise AtencionError(f"{use} needs {USES[use].needs}; this model is {describe(model.cfg)}{detail}: "
+                            f"use {TASKS[task].use}")
+
+
+# the training side ----------------------------------------------------------------------------
+
+
+@dataclass
+class TaskBatch:
+    """One micro-batch: the model's inputs, what the loss predicts, the number of units the loss
+    is summed over (target tokens, masked tokens or sentences) and the tokens it holds."""
+
+    inputs: Tensor
+    targets: Tensor
+    units: int
+    tokens: int
+    decoder_inputs: Tensor | None = None
+
+    def to(self, device) -> TaskBatch:
+        decoder_inputs = None if self.decoder_inputs is None else self.decoder_inputs.to(device)
+        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.units, self.tokens, decoder_inputs)
+
+
+class Task:
+    """The training side of a task: what it reads, how it batches, its loss, how it validates."""
+
+    name = ""
+    symbols: tuple[str, ...] = ()  # tokens a new vocabulary must hold (mlm: <mask>)
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    def tokenizer_texts(self) -> list[str]:
+        """The text a new tokenizer is trained on."""
+        raise NotImplementedError
+
+    def train_tokenizer(self) -> Tokenizer:
+        d = self.cfg.data
+        return Tokenizer.train_text(self.tokenizer_texts(), d.tokenizer, d.vocab_size, d.model_type,
+                                    d.character_coverage, self.symbols)
+
+    def encode(self, tokenizer: Tokenizer) -> None:
+        """Turn the text into token ids (after the tokenizer is trained or loaded)."""
+        raise NotImplementedError
+
+    def model_values(self) -> dict:
+        """What the task and its data decide about the model: the task itself (saved in
+        config.json), a classifier's labels."""
+        return {"task": self.name}
+
+    def lengths(self) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This epoch's micro-batches as lists of example indices, in training order."""
+        t = self.cfg.train
+        return token_batches(self.lengths(), t.max_tokens, seed=t.seed + epoch)
+
+    def make_batch(self, indices: list[int], step: int, part: int) -> TaskBatch:
+        raise NotImplementedError
+
+    def loss(self, forward, model, batch: TaskBatch) -> tuple[Tensor, Tensor]:
+        """(loss, negative log-likelihood), each summed over the batch's units."""
+        from ..train.loss import sequence_loss
+
+        return sequence_loss(forward, model, batch.inputs, batch.targets, self.cfg.label_smoothing)
+
+    @torch.no_grad()
+    def validate(self, model, device, step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def has_validation(self) -> bool:
+        return True
+
+
+def valid_result(loss: float, nll: float, units: float, step: int) -> dict[str, float]:
+    """Validation loss, NLL and perplexity per unit from sums; a non-finite loss is divergence."""
+    if not math.isfinite(loss):
+        raise Diverged(step, "validation loss", loss / max(units, 1))
+    return {"valid_loss": loss / units, "valid_nll": nll / units, "valid_ppl": math.exp(min(nll / units, 50))}
+
+
+# the use side's helpers -------------------------------------------------------------------------
+
+
+@contextmanager
+def evaluating(model):
+    """The model in eval mode (no dropout) under inference mode; its own mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def pad_rows(rows: list[list[int]]) -> Tensor:
+    ids = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    return ids
+
+
+def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int = 0,
+                 where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[list[int]]:
+    """``<s> pieces </s>`` of each stripped text (as the mlm and classify tasks read their data),
+    refusing one of more than ``max_tokens`` pieces (0: no limit) or beyond a learned position
+    table, named by ``where(index)``."""
+    limit = position_limit(model)
+    out = []
+    for i, text in enumerate(texts):
+        ids = [BOS_ID, *tokenizer.encode(text.strip()), EOS_ID]
+        if max_tokens and len(ids) - 2 > max_tokens:
+            raise AtencionError(f"{where(i)}: {len(ids) - 2} tokens, more than the limit of {max_tokens}")
+        if limit is not None and len(ids) > limit:
+            raise AtencionError(f"{where(i)}: {len(ids)} tokens with <s> and </s>, more than this model's "
+                                f"learned positions (max_positions={limit})")
+        out.append(ids)
+    return out
+
+
+def position_limit(model) -> int | None:
+    """How many positions the model can read (nn/positional.py): a learned table's rows, or None
+    (sinusoids and relative positions extend without limit)."""
+    return positions_of(model.cfg)

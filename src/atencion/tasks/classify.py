@@ -1,0 +1,231 @@
+"""Task ``classify``: a label per sentence (``label<TAB>text``) from a classification head over
+an encoder (BERT's first token) or a decoder (GPT's last), validated by accuracy; a trained
+model labels lines (``classify_lines``, ``classify_probabilities``) and is scored with a
+confusion matrix (``evaluate_classifier``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.batching import token_batches
+from ..data.corpus import read_lines
+from ..data.text import read_labelled
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..errors import AtencionError, Diverged
+from ..fileio import need_file
+from .base import (
+    Task,
+    TaskBatch,
+    TaskSpec,
+    check_model,
+    evaluating,
+    model_device,
+    pad_rows,
+    register_task,
+    sentence_ids,
+)
+
+log = logging.getLogger(__name__)
+
+
+# the training side ----------------------------------------------------------------------------
+
+
+class ClassifyTask(Task):
+    name = "classify"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        d = cfg.data
+        if d.train_tsv is None:
+            raise AtencionError("data.train_tsv: task 'classify' reads label<TAB>text rows; set data.train_tsv")
+        self.train_rows, self.labels, skipped = read_labelled(d.train_tsv, None, d.header, d.empty_lines)
+        if len(self.labels) < 2:
+            raise AtencionError(f"{d.train_tsv}: only one label ({self.labels[0]!r}); a classifier needs two or more")
+        if skipped:
+            log.warning("%s: skipped %d rows with an empty text", d.train_tsv, skipped)
+        self.valid_rows = (read_labelled(d.valid_tsv, self.labels, d.header, d.empty_lines)[0]
+                           if d.valid_tsv else None)
+
+    def tokenizer_texts(self) -> list[str]:
+        return [text for _, text in self.train_rows]
+
+    def model_values(self) -> dict:
+        return {**super().model_values(), "num_labels": len(self.labels), "labels": self.labels}
+
+    def encode(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        max_len = self.cfg.data.max_len
+        self.examples, self.targets = self._encode(self.train_rows, "train TSV", max_len)
+        self.valid = self._encode(self.valid_rows, "valid TSV", max_len) if self.valid_rows else None
+        self._lengths = [(len(e), 0) for e in self.examples]
+
+    def _encode(self, rows, name, max_len):
+        kept = [(label, [BOS_ID, *self.tokenizer.encode(text), EOS_ID]) for label, text in rows]
+        dropped = sum(1 for _, ids in kept if len(ids) > max_len + 2)
+        if dropped:
+            log.warning("%s: dropped %d of %d sentences longer than data.max_len=%d tokens", name, dropped,
+                        len(kept), max_len)
+        kept = [(label, ids) for label, ids in kept if len(ids) <= max_len + 2]
+        if not kept:
+            raise AtencionError(f"{name}: no sentence of at most data.max_len={max_len} tokens")
+        return [ids for _, ids in kept], [label for label, _ in kept]
+
+    def lengths(self):
+        return self._lengths
+
+    def has_validation(self) -> bool:
+        return self.valid is not None
+
+    def make_batch(self, indices, step, part) -> TaskBatch:
+        ids = pad_rows([self.examples[i] for i in indices])
+        labels = torch.tensor([self.targets[i] for i in indices])
+        return TaskBatch(ids, labels, len(indices), int((ids != PAD_ID).sum()))
+
+    def loss(self, forward, model, batch):
+        logits = forward(batch.inputs, classify=True).float()
+        loss = F.cross_entropy(logits, batch.targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
+        return loss, F.cross_entropy(logits.detach(), batch.targets, reduction="sum")
+
+    @torch.no_grad()
+    def validate(self, model, device, step):
+        examples, targets = self.valid
+        scores = classify_scores(model, examples, targets, self.cfg.train.max_tokens, device)
+        if not math.isfinite(scores["loss"]):
+            raise Diverged(step, "validation loss", scores["loss"])
+        return {"valid_loss": scores["loss"], "valid_accuracy": scores["accuracy"]}
+
+
+@torch.no_grad()
+def classify_logits(model, examples: list[list[int]], max_tokens: int, device) -> Tensor:
+    """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``), in their order."""
+    out = torch.empty(len(examples), model.cfg.num_labels)
+    for group in token_batches([(len(e), 0) for e in examples], max_tokens, seed=None):
+        out[group] = model.classify(pad_rows([examples[i] for i in group]).to(device)).float().cpu()
+    return out
+
+
+def classify_scores(model, examples, targets: list[int], max_tokens: int, device) -> dict:
+    """Loss, accuracy and the confusion matrix (rows: true label, columns: predicted)."""
+    logits = classify_logits(model, examples, max_tokens, device)
+    gold = torch.tensor(targets)
+    predicted = logits.argmax(-1)
+    n = model.cfg.num_labels
+    confusion = torch.zeros(n, n, dtype=torch.long)
+    confusion.index_put_((gold, predicted), torch.ones_like(gold), accumulate=True)
+    return {"loss": float(F.cross_entropy(logits, gold)), "accuracy": float((predicted == gold).float().mean()),
+            "confusion": confusion.tolist(), "sentences": len(targets)}
+
+
+# the use side: classify -----------------------------------------------------------------------
+
+
+def can_classify(model, tokenizer: Tokenizer) -> bool:
+    return bool(model.cfg.num_labels)
+
+
+def label_names(model) -> list[str]:
+    return model.cfg.labels or [str(i) for i in range(model.cfg.num_labels)]
+
+
+def classify_probabilities(model, tokenizer: Tokenizer, texts: list[str], batch_tokens: int = 4096,
+                           max_tokens: int = 0, where: Callable[[int], str] = lambda i: f"--input line {i + 1}"
+                           ) -> torch.Tensor:
+    """The probability of every label for each text, (len(texts), num_labels), batched by
+    ``batch_tokens``. An empty text is classified as the empty sentence ``<s> </s>``."""
+    check_model(model, tokenizer, "classify")
+    examples = sentence_ids(model, tokenizer, texts, max_tokens, where)
+    with evaluating(model):
+        return classify_logits(model, examples, batch_tokens, model_device(model)).softmax(-1)
+
+
+def classify_lines(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: int = 4096, max_tokens: int = 0,
+                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[tuple[str, float]]:
+    """The most likely label of each line and its probability (see ``classify_probabilities``)."""
+    probabilities, index = classify_probabilities(model, tokenizer, lines, batch_tokens, max_tokens, where).max(-1)
+    names = label_names(model)
+    return [(names[i], p) for i, p in zip(index.tolist(), probabilities.tolist())]
+
+
+def prediction(names: list[str], row: list[float]) -> dict[str, Any]:
+    """One text's answer: the most likely label, its probability and every label's."""
+    best = max(range(len(row)), key=row.__getitem__)
+    return {"label": names[best], "probability": row[best], "probabilities": dict(zip(names, row))}
+
+
+def classify_file(model: str, input: str | None = None, as_json: bool = False, batch_tokens: int = 4096,
+                  max_input_tokens: int = 1024, device: str = "cpu", warn=None) -> str:
+    """`atencion classify`: label each line of ``input`` (None: stdin) with the model directory
+    ``model``, one line out per line in: 'LABEL<TAB>PROBABILITY', or (``as_json``) one JSON
+    object per line with every label's probability. An empty line gets the model's answer on the
+    empty sentence, so that the lines stay aligned; bytes that are not UTF-8 are replaced, and
+    ``warn(message)`` hears of it."""
+    from ..model_dir import load_model_dir
+
+    if input:
+        need_file(input, "--input")
+    loaded, tokenizer = load_model_dir(model, device)
+    check_model(loaded, tokenizer, "classify")
+    name = input or "stdin"
+    source = input or getattr(sys.stdin, "buffer", sys.stdin)
+    lines = read_lines(source, allow_empty=True, errors="replace", name=name, warn=warn)
+
+    def where(index: int) -> str:
+        return f"{name} line {index + 1}"
+
+    if not as_json:
+        return "".join(f"{label}\t{p:.4f}\n" for label, p in
+                       classify_lines(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where))
+    names = label_names(loaded)
+    rows = classify_probabilities(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where).tolist()
+    return "".join(json.dumps(prediction(names, row), ensure_ascii=False) + "\n" for row in rows)
+
+
+# the use side: evaluate -----------------------------------------------------------------------
+
+
+def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]], batch_tokens: int = 4096,
+                        max_tokens: int = 0, what: str = "--tsv") -> dict:
+    """Accuracy, loss and the confusion matrix (rows: true label, columns: predicted) of a
+    classifier on ``rows`` of (label index, text); a text of more than ``max_tokens`` pieces (0:
+    no limit) is refused, naming its row."""
+    check_model(model, tokenizer, "classify")
+    examples = sentence_ids(model, tokenizer, [text for _, text in rows], max_tokens,
+                            lambda i: f"{what} row {i + 1}")
+    with evaluating(model):
+        scores = classify_scores(model, examples, [label for label, _ in rows], batch_tokens, model_device(model))
+    return {**scores, "labels": label_names(model)}
+
+
+def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> dict:
+    """`atencion evaluate` for a classifier: ``evaluate_classifier`` on the rows of the file
+    ``tsv`` (a first line whose label is no label of the model is a header, as in training)."""
+    from ..model_dir import load_model_dir
+
+    path = options["tsv"]
+    need_file(path, "--tsv")
+    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
+    rows, _, skipped = read_labelled(path, label_names(loaded))
+    if skipped and warn is not None:
+        warn(f"{path}: left out {skipped} rows with an empty text")
+    batch_tokens = options.get("batch_tokens", 4096)
+    scores = evaluate_classifier(loaded, tokenizer, rows, batch_tokens, options.get("max_input_tokens", 1024),
+                                 f"--tsv {path}")
+    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
+            "tsv": path}
+
+
+SPEC = register_task(TaskSpec(
+    name="classify", kind="a classifier (a classification head)", preset="bert-tiny", archs=("encoder", "decoder"),
+    metric="accuracy", label_smoothing=0.0, training=ClassifyTask, use="classify",
+    needs="a model with a classification head (task classify)", can=can_classify,
+    evaluate=evaluate_classifier_dir, evaluate_options=("tsv",), evaluate_required=("tsv",)))

@@ -1,0 +1,322 @@
+"""Task ``lm``: a causal language model (GPT) trained on the contiguous blocks of plain text,
+validated by perplexity and bits per character; a trained model continues a prompt
+(``generate_text``; the sampler is decode/sample.py) and is scored on a text (``evaluate_lm``).
+
+A language model reads a token stream with a line break between lines (``text_stream``): a
+character vocabulary keeps the newlines as characters, SentencePiece puts ``</s>`` between lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.corpus import read_lines
+from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
+from ..data.tokenizer import EOS_ID, Tokenizer
+from ..decode.sample import check_sampling, generate_ids
+from ..errors import AtencionError, Diverged
+from ..fileio import need_file
+from .base import Task, TaskBatch, TaskSpec, check_model, evaluating, model_device, position_limit, register_task
+
+log = logging.getLogger(__name__)
+
+
+# the training side ----------------------------------------------------------------------------
+
+
+def text_splits(cfg) -> tuple[list[str], list[str] | None]:
+    """Training and validation lines of the lm and mlm tasks: data.valid_text, or else the
+    held-out tail (data.valid_fraction) of data.train_text."""
+    d = cfg.data
+    if d.train_text is None:
+        raise AtencionError(f"data.train_text: task {cfg.task!r} reads plain text; set data.train_text to a file "
+                            f"or a list of files")
+    lines = read_text(d.train_text, "data.train_text")
+    if d.valid_text is not None:
+        return lines, read_text(d.valid_text, "data.valid_text")
+    train, valid = split_tail(lines, d.valid_fraction)
+    return train, valid
+
+
+def text_stream(lines: list[str], tokenizer: Tokenizer) -> list[int]:
+    """The token stream a language model reads: every character with its newlines (character
+    vocabulary), or each line's pieces followed by ``</s>`` (SentencePiece, which has no newline)."""
+    if tokenizer.kind == "char":
+        return tokenizer.encode("".join(line + "\n" for line in lines))
+    stream: list[int] = []
+    for line in lines:
+        stream.extend(tokenizer.encode(line))
+        stream.append(EOS_ID)
+    return stream
+
+
+@torch.no_grad()
+def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device,
+              characters: int | None = None) -> dict:
+    """Loss (nats per token), perplexity and bits per character of ``model`` on a token
+    ``stream``, cut into non-overlapping blocks of ``block_size`` (the last one shorter): every
+    token but the first is predicted once, from the tokens before it in its block.
+    ``characters``: how many characters the predicted tokens spell (None: one per token, a
+    character vocabulary)."""
+    blocks = lm_blocks(stream.numel(), block_size, partial=True)
+    if not blocks:
+        raise AtencionError(f"the text has {stream.numel()} tokens; at least 2 are needed")
+    nll = 0.0
+    tokens = 0
+    for i in range(0, len(blocks), batch_blocks):
+        group = blocks[i: i + batch_blocks]
+        by_length: dict[int, list[int]] = {}
+        for start, length in group:
+            by_length.setdefault(length, []).append(start)
+        for length, starts in by_length.items():
+            rows = torch.stack([stream[s: s + length + 1] for s in starts]).to(device)
+            logits = model(rows[:, :-1])
+            nll += float(F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1),
+                                         reduction="sum"))
+            tokens += rows[:, 1:].numel()
+    return {"loss": nll / tokens, "ppl": math.exp(min(nll / tokens, 50)),
+            "bpc": nll / math.log(2) / (characters or tokens),
+            "tokens": tokens, "block_size": block_size}
+
+
+class LMTask(Task):
+    name = "lm"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.train_lines, self.valid_lines = text_splits(cfg)
+
+    def tokenizer_texts(self) -> list[str]:
+        if self.cfg.data.tokenizer == "char":  # the stream keeps its newlines: they are characters too
+            return [line + "\n" for line in self.train_lines]
+        return self.train_lines
+
+    def encode(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        block = self.cfg.data.block_size
+        self.stream = torch.tensor(text_stream(self.train_lines, tokenizer), dtype=torch.long)
+        if self.stream.numel() < block + 1:
+            raise AtencionError(f"data.train_text: the training text has {self.stream.numel()} tokens, fewer than "
+                                f"one block of data.block_size={block} + 1")
+        self.valid_stream = torch.tensor(text_stream(self.valid_lines, tokenizer), dtype=torch.long)
+        if self.valid_stream.numel() < 2:
+            raise AtencionError("data: the validation text has fewer than 2 tokens")
+        # SentencePiece: the characters of the validation lines (with their newlines)
+        self.valid_characters = None if tokenizer.kind == "char" else sum(len(x) + 1 for x in self.valid_lines)
+        log.info("lm: %d training tokens, %d validation tokens", self.stream.numel(), self.valid_stream.numel())
+        self._blocks: tuple[int, list] | None = None
+
+    def blocks(self, epoch: int) -> list[tuple[int, int]]:
+        if self._blocks is None or self._blocks[0] != epoch:
+            block = self.cfg.data.block_size
+            offset = epoch_offset(self.cfg.train.seed, epoch, block)
+            self._blocks = (epoch, lm_blocks(self.stream.numel(), block, offset))
+        return self._blocks[1]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        t, block = self.cfg.train, self.cfg.data.block_size
+        order = list(range(len(self.blocks(epoch))))
+        torch_rng = torch.Generator().manual_seed(t.seed + epoch)
+        order = [order[i] for i in torch.randperm(len(order), generator=torch_rng).tolist()]
+        per_batch = max(1, t.max_tokens // block)
+        self._epoch = epoch  # make_batch reads this epoch's blocks
+        return [order[k: k + per_batch] for k in range(0, len(order), per_batch)]
+
+    def make_batch(self, indices, step, part) -> TaskBatch:
+        blocks = self.blocks(self._epoch)
+        rows = torch.stack([self.stream[s: s + n + 1] for s, n in (blocks[i] for i in indices)])
+        return TaskBatch(rows[:, :-1], rows[:, 1:], rows[:, 1:].numel(), rows[:, 1:].numel())
+
+    @torch.no_grad()
+    def validate(self, model, device, step):
+        block = self.cfg.data.block_size
+        scores = lm_scores(model, self.valid_stream, block, max(1, self.cfg.train.max_tokens // block), device,
+                           self.valid_characters)
+        if not math.isfinite(scores["loss"]):
+            raise Diverged(step, "validation loss", scores["loss"])
+        return {"valid_loss": scores["loss"], "valid_ppl": scores["ppl"], "valid_bpc": scores["bpc"]}
+
+
+# the use side: generate -----------------------------------------------------------------------
+
+
+def can_generate(model, tokenizer: Tokenizer) -> bool:
+    return model.cfg.arch == "decoder"
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """The ids a language model continues ``prompt`` from, as ``text_stream`` wrote its training
+    text: characters with their line breaks, or (SentencePiece) each line's pieces with ``</s>``
+    between lines. An empty prompt is the start of a line: a line break (``</s>``)."""
+    if tokenizer.kind == "char":
+        return tokenizer.encode(prompt or "\n")
+    if not prompt:
+        return [EOS_ID]
+    ids: list[int] = []
+    for number, line in enumerate(prompt.split("\n")):
+        ids.extend(([EOS_ID] if number else []) + tokenizer.encode(line))
+    return ids
+
+
+def render(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """The text of a language model's ``ids``: ``</s>`` of a SentencePiece model is a line break."""
+    if tokenizer.kind == "char":
+        return tokenizer.decode(ids)
+    lines, line = [], []
+    for i in ids:
+        if i == EOS_ID:
+            lines.append(line)
+            line = []
+        else:
+            line.append(i)
+    return "\n".join(tokenizer.decode(piece_ids) for piece_ids in [*lines, line])
+
+
+def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
+    """The prompt's ids, refused in one line naming ``what`` when the prompt alone does not fit in
+    a learned position table (past it, generation reads the last ``max_positions`` tokens)."""
+    ids = prompt_ids(tokenizer, prompt)
+    limit = position_limit(model)
+    if limit is not None and len(ids) > limit:
+        raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "
+                            f"max_positions={limit}; shorten the prompt")
+    return ids
+
+
+def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
+                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt") -> list[str]:
+    """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
+    batch) as ``decode/sample.py`` says (``temperature`` 0 or ``top_k`` 1: greedy), each
+    ``max_new_tokens`` tokens long; the text after the prompt, without it.
+
+    ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
+    fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
+    growing ids are decoded whole and the new end of the text is handed on, so that SentencePiece's
+    word boundaries come out as in the final text."""
+    check_model(model, tokenizer, "generate")
+    check_sampling(temperature, top_k, top_p)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise AtencionError(f"--num-samples must be a positive integer, got {num_samples!r}")
+    ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what)
+    device = model_device(model)
+    generator = torch.Generator(device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    head = render(tokenizer, ids)
+
+    def continuation(new: list[int]) -> str:
+        text = render(tokenizer, ids + new)
+        return text[len(head):] if text.startswith(head) else render(tokenizer, new)
+
+    new: list[list[int]] = [[] for _ in range(num_samples)]
+    shown = [""] * num_samples
+
+    def show() -> None:
+        for k, row in enumerate(new):
+            text = continuation(row)
+            if text.startswith(shown[k]) and len(text) > len(shown[k]):
+                on_text(k, text[len(shown[k]):])
+                shown[k] = text
+
+    def on_step(step: int, tokens: torch.Tensor) -> None:
+        for row, token in zip(new, tokens.tolist()):
+            row.append(token)
+        if on_text is not None:
+            show()
+
+    rows = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, on_step=on_step)
+    return [continuation(row) for row in new]
+
+
+def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = None, max_new_tokens: int = 200,
+                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                num_samples: int = 1, device: str = "cpu", warn=None) -> None:
+    """`atencion generate`: write to ``out`` the prompt, its continuation by the model directory
+    ``model`` and a line break. One sample is written as it is generated (flushed when ``out``
+    is a terminal); several are drawn together and written when done. With ``input`` each line of
+    that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
+    1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
+    '--- line N, sample K ---'. Every prompt is checked before anything is generated."""
+    from ..model_dir import load_model_dir
+
+    if input:
+        need_file(input, "--input")
+    loaded, tokenizer = load_model_dir(model, device)
+    check_model(loaded, tokenizer, "generate")
+    if input:
+        lines = read_lines(input, allow_empty=True, errors="replace", warn=warn)
+        prompts = [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
+    else:
+        prompts = [(prompt, "--prompt")]
+    for text, what in prompts:
+        check_prompt(loaded, tokenizer, text, max_new_tokens, what)
+    live = out.isatty()
+
+    def show(sample: int, text: str) -> None:
+        out.write(text)
+        if live:
+            out.flush()
+
+    for number, (text, what) in enumerate(prompts, start=1):
+        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, num_samples=num_samples, what=what)
+        if num_samples == 1:
+            out.write(f"--- line {number} ---\n{text}" if input else text)
+            generate_text(loaded, tokenizer, text, on_text=show, **sampling)
+            show(0, "\n")
+            continue
+        for k, sample in enumerate(generate_text(loaded, tokenizer, text, **sampling), start=1):
+            header = f"--- line {number}, sample {k} ---" if input else f"--- sample {k} ---"
+            show(k, f"{header}\n{text}{sample}\n")
+
+
+# the use side: evaluate -----------------------------------------------------------------------
+
+
+def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int | None = None,
+                batch_tokens: int = 4096) -> dict:
+    """Loss (nats per token), perplexity and bits per character of a language model on ``lines``
+    (``lm_scores`` on their ``text_stream``), in non-overlapping blocks of ``block_size`` tokens
+    (default: the model's ``max_positions``)."""
+    check_model(model, tokenizer, "generate")
+    limit = position_limit(model)
+    block_size = block_size or model.cfg.max_positions
+    if limit is not None and block_size > limit:
+        raise AtencionError(f"--block-size {block_size}: more than this model's learned positions "
+                            f"(max_positions={limit})")
+    stream = torch.tensor(text_stream(lines, tokenizer), dtype=torch.long)
+    characters = None if tokenizer.kind == "char" else sum(len(line) + 1 for line in lines)  # as LMTask counts
+    with evaluating(model):
+        return lm_scores(model, stream, block_size, max(1, batch_tokens // block_size), model_device(model),
+                         characters)
+
+
+def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
+    """`atencion evaluate` for a language model: ``evaluate_lm`` on the file ``text``."""
+    from ..model_dir import load_model_dir
+
+    path = options["text"]
+    need_file(path, "--text")
+    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
+    batch_tokens = options.get("batch_tokens", 4096)
+    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens)
+    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
+            "text": path}
+
+
+SPEC = register_task(TaskSpec(
+    name="lm", kind="a language model (arch decoder)", preset="gpt-tiny", archs=("decoder",), metric="loss",
+    label_smoothing=0.0, training=LMTask, use="generate", needs="a decoder-only model (arch decoder)",
+    can=can_generate, evaluate=evaluate_lm_dir, evaluate_options=("text", "block_size"),
+    evaluate_required=("text",)))

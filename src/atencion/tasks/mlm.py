@@ -1,0 +1,251 @@
+"""Task ``mlm``: BERT's masked language model on sentences (one line each), validated by
+masked-token accuracy; a trained model fills in ``<mask>`` (``fill_mask``) and is scored on
+sentences beside a most-frequent-token baseline (``evaluate_mlm``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.batching import token_batches
+from ..data.corpus import read_lines
+from ..data.text import mask_tokens
+from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer
+from ..errors import AtencionError, Diverged
+from ..fileio import need_file
+from .base import (
+    Task,
+    TaskBatch,
+    TaskSpec,
+    check_model,
+    evaluating,
+    model_device,
+    pad_rows,
+    position_limit,
+    register_task,
+    sentence_ids,
+)
+from .lm import text_splits
+
+log = logging.getLogger(__name__)
+
+
+# the training side ----------------------------------------------------------------------------
+
+
+def encode_sentences(lines: list[str], tokenizer: Tokenizer, max_len: int, name: str) -> list[list[int]]:
+    """``<s> pieces </s>`` for each non-empty line (BERT's [CLS] … [SEP]); lines longer than
+    ``max_len`` pieces are dropped and counted."""
+    out, dropped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        ids = tokenizer.encode(line.strip())
+        if len(ids) > max_len:
+            dropped += 1
+            continue
+        out.append([BOS_ID, *ids, EOS_ID])
+    if dropped:
+        log.warning("%s: dropped %d sentences longer than data.max_len=%d tokens", name, dropped, max_len)
+    if not out:
+        raise AtencionError(f"{name}: no sentence of at most data.max_len={max_len} tokens")
+    return out
+
+
+class Masker:
+    """BERT's masking of padded sentences (``mask_tokens``) for a tokenizer with ``<mask>``:
+    regular tokens and ``<unk>`` can be chosen, the other special tokens never."""
+
+    def __init__(self, tokenizer: Tokenizer, probability: float = 0.15):
+        if tokenizer.mask_id is None:
+            raise AtencionError("masked language modelling needs a vocabulary with <mask>; this tokenizer has none")
+        self.mask_id, self.vocab_size, self.probability = tokenizer.mask_id, tokenizer.vocab_size, probability
+        self.first_regular = max(EOS_ID, self.mask_id) + 1
+
+    def __call__(self, rows: list[list[int]], generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        ids = pad_rows(rows)
+        maskable = (ids >= self.first_regular) | (ids == UNK_ID)
+        return mask_tokens(ids, maskable, self.mask_id, self.first_regular, self.vocab_size, self.probability,
+                           generator)
+
+
+class MLMTask(Task):
+    name = "mlm"
+    symbols = (MASK,)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.train_lines, self.valid_lines = text_splits(cfg)
+
+    def tokenizer_texts(self) -> list[str]:
+        return self.train_lines
+
+    def encode(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.masker = Masker(tokenizer, self.cfg.data.mask_probability)
+        max_len = self.cfg.data.max_len
+        self.examples = encode_sentences(self.train_lines, tokenizer, max_len, "train text")
+        self.valid_examples = encode_sentences(self.valid_lines, tokenizer, max_len, "valid text")
+        self._lengths = [(len(e), 0) for e in self.examples]
+
+    def lengths(self):
+        return self._lengths
+
+    def make_batch(self, indices, step, part) -> TaskBatch:
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step * 1009 + part)
+        inputs, targets = self.masker([self.examples[i] for i in indices], generator)
+        return TaskBatch(inputs, targets, int((targets != PAD_ID).sum()), int((inputs != PAD_ID).sum()))
+
+    @torch.no_grad()
+    def validate(self, model, device, step):
+        scores = mlm_scores(model, self.masker, self.valid_examples, self.cfg.train.max_tokens, device)
+        if not math.isfinite(scores["loss"]):
+            raise Diverged(step, "validation loss", scores["loss"])
+        return {"valid_loss": scores["loss"], "valid_ppl": scores["ppl"], "valid_accuracy": scores["accuracy"]}
+
+
+@torch.no_grad()
+def mlm_scores(model, masker: Masker, examples: list[list[int]], max_tokens: int, device, seed: int = 0) -> dict:
+    """Masked-token loss and accuracy on ``examples`` (``<s>`` ids ``</s>``), masked as in
+    training from a fixed seed (the same positions every time)."""
+    generator = torch.Generator().manual_seed(seed)
+    nll = correct = units = 0.0
+    for group in token_batches([(len(e), 0) for e in examples], max_tokens, seed=None):
+        inputs, targets = masker([examples[i] for i in group], generator)
+        inputs, targets = inputs.to(device), targets.to(device)
+        select = targets != PAD_ID
+        logits = model(inputs, select=select).float()
+        gold = targets[select]
+        nll += float(F.cross_entropy(logits, gold, reduction="sum"))
+        correct += float((logits.argmax(-1) == gold).sum())
+        units += gold.numel()
+    return {"loss": nll / units, "ppl": math.exp(min(nll / units, 50)), "accuracy": correct / units,
+            "masked": int(units)}
+
+
+# the use side: fill-mask ----------------------------------------------------------------------
+
+
+def can_fill_mask(model, tokenizer: Tokenizer) -> bool:
+    return model.cfg.arch == "encoder" and tokenizer.mask_id is not None
+
+
+def token_text(tokenizer: Tokenizer, i: int) -> str:
+    """Token ``i`` as text: a character, or a SentencePiece piece with its word-start mark ``▁``
+    shown as a leading space (" cat" starts a word, "ing" goes on with one); special tokens by name."""
+    piece = tokenizer.piece(i)
+    return piece.replace("▁", " ") if tokenizer.kind == "sentencepiece" else piece
+
+
+def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[int]:
+    """``<s> pieces </s>`` of ``text`` with ``<mask>`` where the text says ``<mask>``: the pieces
+    between the masks are encoded on their own."""
+    if MASK not in text:
+        raise AtencionError(f"{what}: no {MASK} in the text; write {MASK} where a token should be predicted")
+    ids = [BOS_ID]
+    for number, part in enumerate(text.strip().split(MASK)):
+        ids.extend(([tokenizer.mask_id] if number else []) + tokenizer.encode(part))
+    return ids + [EOS_ID]
+
+
+def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
+              what: str = "--text") -> list[list[tuple[str, float]]]:
+    """For each ``<mask>`` in ``text``, in order, the ``top_k`` most likely tokens (see
+    ``token_text``) and their probabilities under an encoder's masked-LM head, most likely first.
+    All masks are predicted at once, each seeing the others as ``<mask>``."""
+    check_model(model, tokenizer, "fill-mask")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise AtencionError(f"--top-k must be a positive integer, got {top_k!r}")
+    ids = masked_ids(tokenizer, text, what)
+    limit = position_limit(model)
+    if limit is not None and len(ids) > limit:
+        raise AtencionError(f"{what}: {len(ids)} tokens with <s> and </s>, more than this model's learned "
+                            f"positions (max_positions={limit})")
+    inputs = torch.tensor([ids], device=model_device(model))
+    with evaluating(model):
+        logits = model(inputs, select=inputs == tokenizer.mask_id)
+    probabilities, index = logits.float().softmax(-1).topk(min(top_k, logits.size(-1)), dim=-1)
+    return [[(token_text(tokenizer, i), p) for i, p in zip(row_index, row_p)]
+            for row_index, row_p in zip(index.tolist(), probabilities.tolist())]
+
+
+def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False, device: str = "cpu") -> str:
+    """`atencion fill-mask`: ``fill_mask`` with the model directory ``model``, as text: for each
+    mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``)."""
+    import json
+
+    from ..model_dir import load_model_dir
+
+    loaded, tokenizer = load_model_dir(model, device)
+    masks = fill_mask(loaded, tokenizer, text, top_k)
+    if as_json:
+        return json.dumps({"text": text, "masks": [[{"token": token, "probability": p} for token, p in mask]
+                                                   for mask in masks]}, ensure_ascii=False) + "\n"
+    out = []
+    for number, mask in enumerate(masks, start=1):
+        out.append(f"<mask> {number}:\n")
+        out.extend(f"  {p:.4f}  {json.dumps(token, ensure_ascii=False)}\n" for token, p in mask)
+    return "".join(out)
+
+
+# the use side: evaluate -----------------------------------------------------------------------
+
+
+def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: int = 4096, max_tokens: int = 1024,
+                 seed: int = 0, probability: float = 0.15, what: str = "--text",
+                 count_from: list[str] | None = None) -> dict:
+    """Masked-token loss, perplexity and accuracy of a masked language model on the non-empty
+    ``lines`` (``mlm_scores``: ``probability`` of the tokens masked as in training, drawn from
+    ``seed``, so the same positions every time), beside the accuracy on the same positions of
+    always guessing the most frequent token of ``count_from`` (the training text, when known),
+    or else of these lines themselves: a baseline that has peeked at the test text's token
+    counts. A line of more than ``max_tokens`` pieces (or beyond a learned position table) is
+    refused, naming it."""
+    check_model(model, tokenizer, "fill-mask")
+    numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
+    if not numbers:
+        raise AtencionError(f"{what}: no sentence; the text has only empty lines")
+    examples = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
+                            lambda i: f"{what} line {numbers[i]}")
+    masker = Masker(tokenizer, probability)
+    device = model_device(model)
+    with evaluating(model):
+        scores = mlm_scores(model, masker, examples, batch_tokens, device, seed)
+    counted = examples if count_from is None else [tokenizer.encode(line) for line in count_from]
+    counts = Counter(i for e in counted for i in e if i >= masker.first_regular or i == UNK_ID)  # the maskable
+    guess = counts.most_common(1)[0][0]
+    generator = torch.Generator().manual_seed(seed)  # the draws of mlm_scores again: the same positions
+    right = 0
+    for group in token_batches([(len(e), 0) for e in examples], batch_tokens, seed=None):
+        _, targets = masker([examples[i] for i in group], generator)
+        right += int((targets[targets != PAD_ID] == guess).sum())
+    return {**scores, "sentences": len(examples), "mask_probability": probability, "seed": seed,
+            "most_frequent_token": token_text(tokenizer, guess),
+            "most_frequent_token_accuracy": right / scores["masked"]}
+
+
+def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
+    """`atencion evaluate` for a masked language model: ``evaluate_mlm`` on the file ``text``."""
+    from ..model_dir import load_model_dir
+
+    path = options["text"]
+    need_file(path, "--text")
+    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
+    batch_tokens = options.get("batch_tokens", 4096)
+    scores = evaluate_mlm(loaded, tokenizer, read_lines(path), batch_tokens, options.get("max_input_tokens", 1024),
+                          what=path)
+    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
+            "text": path}
+
+
+SPEC = register_task(TaskSpec(
+    name="mlm", kind="a masked language model (arch encoder)", preset="bert-tiny", archs=("encoder",),
+    metric="loss", label_smoothing=0.0, training=MLMTask, use="fill-mask",
+    needs="an encoder (arch encoder) whose vocabulary has <mask> (task mlm)", can=can_fill_mask,
+    evaluate=evaluate_mlm_dir, evaluate_options=("text",), evaluate_required=("text",)))

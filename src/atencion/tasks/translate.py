@@ -1,0 +1,186 @@
+"""Task ``translate``: parallel sentences, teacher forcing, label-smoothed cross-entropy (§5),
+validated by loss and BLEU; a trained model translates lines (``translate_file``; the search is
+decode/) and is scored by BLEU and chrF (``evaluate_translator``, evaluate.py)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import TWO_STACKS
+from ..data.batching import collate, token_batches
+from ..data.corpus import read_lines, read_parallel
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..decode.settings import DecodeConfig
+from ..decode.translate import Translation, translate_lines
+from ..errors import AtencionError
+from ..fileio import atomic_write, need_dir, need_file, need_output_file
+from .base import Task, TaskBatch, TaskSpec, register_task, valid_result
+
+log = logging.getLogger(__name__)
+
+
+# the training side ----------------------------------------------------------------------------
+
+
+def read_pairs(cfg, split: str) -> list[tuple[str, str]] | None:
+    d = cfg.data
+    src, tgt, tsv = getattr(d, f"{split}_src"), getattr(d, f"{split}_tgt"), getattr(d, f"{split}_tsv")
+    if tsv and (src or tgt):
+        raise AtencionError(f"data: give either {split}_tsv or {split}_src + {split}_tgt, not both")
+    if not tsv and not src and not tgt:
+        if split == "train":
+            raise AtencionError("data: no training data; set data.train_src and data.train_tgt, or data.train_tsv")
+        return None
+    if not tsv and not (src and tgt):
+        raise AtencionError(f"data: {split}_src and {split}_tgt go together; one of them is missing")
+    pairs, report = read_parallel(tsv or src, None if tsv else tgt, d.empty_lines)
+    log.info(report.summary(f"{split} corpus"))
+    return pairs
+
+
+def encode_pairs(pairs, tokenizer: Tokenizer, max_len: int, name: str) -> list[tuple[list[int], list[int]]]:
+    """Subword ids of each pair; pairs with a side longer than ``max_len`` are dropped and counted."""
+    examples, dropped = [], 0
+    for s, t in pairs:
+        src, tgt = tokenizer.encode_src(s), tokenizer.encode_tgt(t)
+        if len(src) > max_len or len(tgt) > max_len:
+            dropped += 1
+            continue
+        examples.append((src, tgt))
+    if dropped:
+        log.warning("%s: dropped %d of %d pairs longer than data.max_len=%d subwords",
+                    name, dropped, len(pairs), max_len)
+    if not examples:
+        raise AtencionError(f"{name}: every pair is longer than data.max_len={max_len}")
+    return examples
+
+
+class TranslateTask(Task):
+    name = "translate"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.train_pairs, self.valid_pairs = read_pairs(cfg, "train"), read_pairs(cfg, "valid")
+
+    def train_tokenizer(self) -> Tokenizer:
+        d = self.cfg.data
+        return Tokenizer.train(self.train_pairs, d.vocab_size, d.model_type, d.joint, d.character_coverage)
+
+    def encode(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        max_len = self.cfg.data.max_len
+        self.examples = encode_pairs(self.train_pairs, tokenizer, max_len, "train corpus")
+        self.valid_examples = (encode_pairs(self.valid_pairs, tokenizer, max_len, "valid corpus")
+                               if self.valid_pairs else None)
+        self._lengths = [(len(s), len(t)) for s, t in self.examples]
+
+    def lengths(self) -> list[tuple[int, int]]:
+        return self._lengths
+
+    def has_validation(self) -> bool:
+        return bool(self.valid_examples)
+
+    def make_batch(self, indices, step, part) -> TaskBatch:
+        b = collate([self.examples[i] for i in indices], PAD_ID, BOS_ID, EOS_ID)
+        return TaskBatch(b.src, b.tgt_out, b.n_tokens, b.n_tokens, b.tgt_in)
+
+    def loss(self, forward, model, batch):
+        from ..train.loss import generator_loss
+
+        hidden = forward(batch.inputs, batch.decoder_inputs, select=batch.targets != PAD_ID, project=False)
+        generator = model.generator
+        return generator_loss(hidden, generator.weight, generator.bias, batch.targets, PAD_ID,
+                              self.cfg.label_smoothing)
+
+    @torch.no_grad()
+    def validate(self, model, device, step):
+        from ..evaluate import score
+        from ..train.loss import label_smoothed_loss
+
+        loss_sum = nll_sum = tokens = 0.0
+        lengths = [(len(s), len(tg)) for s, tg in self.valid_examples]
+        for group in token_batches(lengths, self.cfg.train.max_tokens, seed=None):
+            batch = collate([self.valid_examples[i] for i in group], PAD_ID, BOS_ID, EOS_ID).to(device)
+            loss, nll = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, PAD_ID,
+                                            self.cfg.label_smoothing)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
+        result = valid_result(loss_sum, nll_sum, tokens, step)
+        t = self.cfg.train
+        if t.valid_bleu:
+            pairs = self.valid_pairs[: t.valid_bleu_sentences or None]
+            out = translate_lines(model, self.tokenizer, [s for s, _ in pairs], self.cfg.decode)
+            scores = score([o[0].text for o in out], [r for _, r in pairs])
+            result.update({f"valid_{k}": v for k, v in scores.items()})
+        return result
+
+
+# the use side ---------------------------------------------------------------------------------
+
+
+def can_translate(model, tokenizer: Tokenizer) -> bool:
+    return model.cfg.arch in TWO_STACKS
+
+
+def translate_file(model: str, input: str | None = None, output: str | None = None,
+                   decode: DecodeConfig | None = None, nbest: int = 1, max_input_tokens: int = 1024,
+                   device: str = "cpu", int8: bool = False, warn=None) -> str | None:
+    """`atencion translate`: translate the lines of ``input`` (None: stdin) with the model
+    directory ``model``, one line out per line in; with ``nbest`` above 1 the N best as
+    'LINE ||| TEXT ||| SCORE'. Written atomically to ``output``; without one, the text is returned.
+    ``warn(message)`` hears of bytes that are not UTF-8 (replaced)."""
+    from ..model_dir import load_model_dir
+
+    decode = decode or DecodeConfig()
+    if input:
+        need_file(input, "--input")
+    if output:
+        need_output_file(output, "--output")
+        if input and Path(output).resolve() == Path(input).resolve():
+            raise AtencionError(f"--output {output} is the input file; choose another name")
+    if nbest > decode.beam:
+        raise AtencionError(f"--nbest {nbest}: at most --beam ({decode.beam}) translations per line")
+    loaded, tokenizer = load_model_dir(model, device, int8)
+    source = input or getattr(sys.stdin, "buffer", sys.stdin)
+    lines = read_lines(source, allow_empty=True, errors="replace", name=input or "stdin", warn=warn)
+    results = translate_lines(loaded, tokenizer, lines, decode, nbest=nbest, max_src_tokens=max_input_tokens,
+                              source=input or "stdin")
+    text = format_translations(results, nbest)
+    if output is None:
+        return text
+    atomic_write(output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return None
+
+
+def format_translations(results: list[list[Translation]], nbest: int) -> str:
+    if nbest > 1:
+        return "".join(f"{i} ||| {t.text} ||| {t.score:.4f}\n" for i, hyps in enumerate(results) for t in hyps)
+    return "".join(hyps[0].text + "\n" for hyps in results)
+
+
+def evaluate_translator(model: str, options: dict[str, Any], warn=None) -> dict:
+    """`atencion evaluate` for a translator: translate ``src``, score against ``ref`` (evaluate.py)."""
+    from ..evaluate import evaluate
+
+    for option in ("src", "ref", "raw_ref", "recase_from"):
+        if options.get(option):
+            need_file(options[option], "--" + option.replace("_", "-"))
+    if options.get("output"):
+        need_output_file(options["output"], "--output")
+    need_dir(model, "--model")
+    return evaluate(model, options["src"], options["ref"], options.get("decode"), output=options.get("output"),
+                    device=options.get("device", "cpu"), raw_ref=options.get("raw_ref"),
+                    recase_from=options.get("recase_from"), lang=options.get("lang"),
+                    int8=options.get("int8", False), max_src_tokens=options.get("max_input_tokens", 0))
+
+
+SPEC = register_task(TaskSpec(
+    name="translate", kind="a translator (arch encoder-decoder or rnn)", preset="tiny",
+    archs=("encoder-decoder", "rnn"), metric="bleu", label_smoothing=0.1, training=TranslateTask,
+    use="translate", needs="a translator (arch encoder-decoder or rnn)", can=can_translate,
+    evaluate=evaluate_translator, evaluate_options=("src", "ref", "output", "raw_ref", "recase_from", "lang"),
+    evaluate_required=("src", "ref")))
