@@ -327,6 +327,14 @@ async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict
     return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
 
 
+def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
+    """The endpoint of a task's use (tasks.USES): what it needs and which models can answer it
+    come from the task's spec; a translator answers /translate only."""
+    spec = tasks.USES[use]
+    capability = (lambda m: spec.can(m.model, m.tokenizer)) if use == "translate" else _one_stack(spec.can)
+    return Endpoint(use, schema, spec.needs, capability, handler, **more)
+
+
 def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]:
     """A capability from a task's ``TaskSpec.can``: a translator (two stacks) answers /translate only."""
     return lambda m: m.arch not in TWO_STACKS and can(m.model, m.tokenizer)
@@ -335,15 +343,12 @@ def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]
 # the table: one entry per model endpoint, the order /info and the 400 list them in ---------------
 
 MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("translate", TranslateRequest, tasks.USES["translate"].needs, lambda m: m.arch in TWO_STACKS, _translate,
-             defaults=("beam", "alpha", "nbest", "max_len_a", "max_len_b")),
-    Endpoint("generate", GenerateRequest, tasks.USES["generate"].needs, _one_stack(tasks.USES["generate"].can), _generate,
-             defaults=("temperature", "top_k", "top_p", "num_samples"),
-             server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
-    Endpoint("fill-mask", FillMaskRequest, tasks.USES["fill-mask"].needs, _one_stack(tasks.USES["fill-mask"].can), _fill_mask,
-             defaults=("top_k",)),
-    Endpoint("classify", ClassifyRequest, tasks.USES["classify"].needs, _one_stack(tasks.USES["classify"].can), _classify,
-             info=lambda m: {"labels": label_names(m.model)}),
+    _task_endpoint("translate", TranslateRequest, _translate, defaults=("beam", "alpha", "nbest", "max_len_a",
+                                                                        "max_len_b")),
+    _task_endpoint("generate", GenerateRequest, _generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
+                   server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
+    _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
+    _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)}),
 )
 
 
