@@ -377,6 +377,8 @@ BAD_REQUESTS = [
     ("generate", {"model": "bert", "prompt": "the"}, 400, "/generate needs a decoder-only model"),
     ("fill-mask", {"model": "gpt-sp", "text": "the <mask>"}, 400, "/fill-mask needs an encoder"),
     ("classify", {"model": "bert", "texts": ["the"]}, 400, "/classify needs a model with a classification head"),
+    ("translate", {"model": "bert", "sentences": []}, 400, "/translate needs a translator"),  # the model first
+    ("translate", {"model": "nope", "sentences": []}, 404, "no model named 'nope'"),
     ("generate", {"model": "gpt-sp", "max_new_tokens": 41}, 422, "max_new_tokens: 41 is more than the limit of 40"),
     ("generate", {"model": "gpt-sp", "num_samples": 5}, 422, "num_samples: 5 is more than the limit of 4"),
     ("generate", {"model": "gpt-sp", "top_p": 0}, 422, "top_p"),

@@ -248,3 +248,68 @@ def test_serve_refuses_a_bad_model_argument_in_one_line(tmp_path, capsys):
     assert main(["serve", "--model", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model" in err[0]
+
+
+def test_a_new_endpoint_is_one_table_entry_served_counted_described_and_refused_to_models_without_it(
+        demo_model_dir, monkeypatch):
+    """The seam of serve/app.py: an Endpoint added to MODEL_ENDPOINTS, and nothing else, is a POST
+    route that validates its schema, counted by name in /metrics, listed in /info's endpoints with
+    its info, and refused (400, before its fields are judged) to a model without its capability;
+    /info's "decoding" is the first endpoint's defaults in the table."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+    from pydantic import BaseModel, ConfigDict
+
+    from atencion.serve import app as served
+
+    class EchoRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        text: str
+        model: str | None = None
+        times: int = 2
+
+    async def echo(body, m, ctx):
+        return {"model": m.name, "echo": body.text * body.times, "limit": ctx.settings.max_tokens}
+
+    translate = served.MODEL_ENDPOINTS[0]
+    assert translate.name == "translate"
+    table = (replace(translate, defaults=("beam",), server_defaults=lambda s: {"max_len_b": s.max_tokens}),
+             *served.MODEL_ENDPOINTS[1:],
+             served.Endpoint("echo", EchoRequest, "any model", lambda m: True, echo, defaults=("times",),
+                             info=lambda m: {"echoes": m.name}),
+             served.Endpoint("never", EchoRequest, "a model that does not exist", lambda m: False, echo))
+    monkeypatch.setattr(served, "MODEL_ENDPOINTS", table)
+    model, tokenizer = load_model_dir(demo_model_dir)
+    app = create_app([LoadedModel("demo", str(demo_model_dir), model, tokenizer)], ServeSettings(max_tokens=99))
+    assert {r.path for r in app.routes if "POST" in getattr(r, "methods", ())} == {"/" + e.name for e in table}
+    with TestClient(app) as client:
+        r = client.post("/echo", json={"text": "ab", "times": 3})
+        assert r.status_code == 200 and r.json() == {"model": "demo", "echo": "ababab", "limit": 99}, r.text
+        r = client.post("/echo", json={"text": "ab", "times": "3"})
+        assert r.status_code == 422 and r.json()["error"].startswith("times: "), r.text
+        r = client.post("/never", json={"times": "not even valid"})
+        assert r.status_code == 400 and r.json()["error"] == (
+            "/never needs a model that does not exist; model 'demo' is a translator (arch encoder-decoder) and "
+            "answers /translate, /echo"), r.text
+        described = client.get("/info").json()["models"][0]
+        assert described["endpoints"] == ["/translate", "/echo"] and described["echoes"] == "demo"
+        assert described["decoding"] == {"beam": 4, "max_len_b": 99}
+        metrics = client.get("/metrics").text
+    for path, status in (("/echo", 200), ("/echo", 422), ("/never", 400)):
+        assert f'atencion_requests_total{{endpoint="{path}",status="{status}"}} 1.0' in metrics, metrics
+
+
+@pytest.mark.parametrize("arch, num_labels, mask_id, endpoints", [
+    ("encoder-decoder", 0, None, ["translate"]), ("rnn", 0, None, ["translate"]),
+    ("encoder-decoder", 2, 5, ["translate"]),  # a translator translates, whatever head it carries
+    ("decoder", 0, None, ["generate"]), ("decoder", 2, None, ["classify", "generate"]),
+    ("encoder", 0, 5, ["fill-mask"]), ("encoder", 0, None, []), ("encoder", 2, 5, ["classify", "fill-mask"])])
+def test_a_model_answers_the_table_s_endpoints_it_is_capable_of_its_own_task_s_first(arch, num_labels, mask_id,
+                                                                                      endpoints):
+    from types import SimpleNamespace
+
+    from atencion.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=30, arch=arch, num_labels=num_labels)
+    assert LoadedModel("m", "", SimpleNamespace(cfg=cfg), SimpleNamespace(mask_id=mask_id)).endpoints == endpoints

@@ -5,6 +5,15 @@ translator), /generate (a decoder-only language model), /fill-mask (a masked lan
 /classify (a classifier); a model of another kind is answered 400, saying which endpoints it has.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
 never a traceback; see ``ServeSettings`` for the limits.
+
+The model endpoints are a table, ``MODEL_ENDPOINTS``: one ``Endpoint`` each, in the spirit of a
+litgpt ``LitAPI`` (decode the request, predict, encode the response). One route function serves
+them all: it reads the JSON body, picks the model it names (a model of the wrong kind is told so,
+400, before the body's fields are judged, 422), validates the body against the entry's schema and
+awaits the entry's handler. What a model answers (``LoadedModel.endpoints``), /info's
+"endpoints", "decoding" and extra fields, the 400's words and the paths /metrics counts by name
+all come from the table. So a new endpoint is one Endpoint entry (schema, capability, defaults,
+handler) and the module-level functions it names; nothing in ``create_app`` changes.
 """
 
 from __future__ import annotations
@@ -15,10 +24,10 @@ import json
 import logging
 import time
 import traceback
-from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -26,16 +35,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from .. import tasks
+from ..config import TWO_STACKS
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
 from ..tasks.base import sentence_ids
-from ..tasks.classify import classify_probabilities, label_names
+from ..tasks.classify import classify_probabilities, label_names, prediction
 from ..tasks.lm import check_prompt, generate_text
 from ..tasks.mlm import fill_mask, masked_ids
 from .batching import Batcher, Job, QueueFull, Worker, resolve
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
+FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by name besides the model endpoints'
 STATIC = ("explorer.js", "explorer.css")
 NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
@@ -73,10 +84,93 @@ class LoadedModel:
         return tasks.model_task(self.model.cfg)
 
     @property
+    def answers(self) -> list[Endpoint]:
+        """The entries of ``MODEL_ENDPOINTS`` whose capability this model has, the endpoint of its
+        own task first: a translator translates; a decoder generates, an encoder with <mask> fills
+        masks, a classification head classifies."""
+        can = [e for e in MODEL_ENDPOINTS if e.capability(self)]
+        return sorted(can, key=lambda e: e.name != tasks.TASKS[self.task].use)
+
+    @property
     def endpoints(self) -> list[str]:
-        """What the model can answer, the endpoint of its own task first: a translator translates;
-        a decoder generates, an encoder with <mask> fills masks, a classification head classifies."""
-        return tasks.uses(self.model, self.tokenizer)
+        """The names of ``answers``."""
+        return [e.name for e in self.answers]
+
+
+class Refused(AtencionError):
+    """A request answered with ``status`` and this message."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+
+@dataclass
+class Context:
+    """What a handler needs besides its body and model: the server's models, settings and
+    metrics, and each model's queue (a Batcher for a translator, a Worker for the others)."""
+
+    models: list[LoadedModel]
+    settings: ServeSettings
+    metrics: Metrics
+    batchers: dict[str, Batcher] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+
+    @property
+    def by_name(self) -> dict[str, LoadedModel]:
+        return {m.name: m for m in self.models}
+
+    def model(self, name: str | None, endpoint: Endpoint) -> LoadedModel:
+        """The model ``name`` (None: the first), if it answers ``endpoint``; 404 or 400 otherwise."""
+        by_name = self.by_name
+        if name is not None and name not in by_name:
+            raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
+        m = by_name[name] if name is not None else self.models[0]
+        if endpoint.name not in m.endpoints:
+            raise Refused(400, f"/{endpoint.name} needs {endpoint.needs}; model {m.name!r} is "
+                               f"{tasks.describe(m.model.cfg)} and answers {', '.join('/' + e for e in m.endpoints)}")
+        return m
+
+    async def run(self, m: LoadedModel, work: Callable[[], Any]) -> Any:
+        """``work()`` on the model's worker thread; its AtencionError is the request's fault (422)."""
+        try:
+            return await self.workers[m.name].run(work, self.settings.timeout_s)
+        except QueueFull as err:
+            raise Refused(429, str(err), {"Retry-After": "1"}) from None
+        except asyncio.TimeoutError:
+            raise Refused(504, f"no answer within {self.settings.timeout_s:g} s (the server is busy); retry "
+                               f"later or ask for less") from None
+        except AtencionError as err:
+            raise Refused(422, str(err)) from None
+
+    def check_length(self, where: str, text: str, pieces: int | None = None) -> None:
+        """422 for a text surely too long to encode, or of more than ``max_tokens`` pieces."""
+        limit = self.settings.max_tokens
+        if len(text) > 40 * limit:  # surely too many pieces: don't even encode it
+            raise Refused(422, f"{where}: {len(text)} characters, too long (at most {limit} subword pieces)")
+        if pieces is not None and pieces > limit:
+            raise Refused(422, f"{where}: {pieces} subword pieces, more than the limit of {limit}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """POST /``name``: a model answers it when ``capability(model)``; the body is validated against
+    ``schema`` (whose ``model`` field names the model) and answered by ``await handler(body, model,
+    context)``, a JSON-able dict. /info shows the ``defaults`` fields of the schema as "decoding" of
+    a model whose first endpoint this is, with ``server_defaults(settings)``, and adds ``info(model)``
+    for each model that answers it; the 400 to another model says the endpoint ``needs`` this."""
+
+    name: str
+    schema: type[BaseModel]
+    needs: str
+    capability: Callable[[LoadedModel], bool]
+    handler: Callable[[Any, LoadedModel, Context], Awaitable[dict[str, Any]]]
+    defaults: tuple[str, ...] = ()
+    server_defaults: Callable[[ServeSettings], dict[str, Any]] | None = None
+    info: Callable[[LoadedModel], dict[str, Any]] | None = None
+
+
+# the requests ------------------------------------------------------------------------------------
 
 
 class TranslateRequest(BaseModel):
@@ -124,12 +218,138 @@ class ClassifyRequest(BaseModel):
     model: str | None = None
 
 
-class Refused(AtencionError):
-    """A request answered with ``status`` and this message."""
+# the handlers: body, model, context -> the answer ------------------------------------------------
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers
+
+@contextmanager
+def _unprocessable():
+    """An AtencionError raised inside is the request's fault: 422 with its message."""
+    try:
+        yield
+    except Refused:
+        raise
+    except AtencionError as err:
+        raise Refused(422, str(err)) from None
+
+
+async def _translate(body: TranslateRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    settings = ctx.settings
+    if len(body.sentences) > settings.max_sentences:
+        raise Refused(422, f"sentences: {len(body.sentences)} sentences, more than the limit of "
+                           f"{settings.max_sentences} per request")
+    if body.nbest > body.beam:
+        raise Refused(422, f"nbest: {body.nbest} is more than beam ({body.beam})")
+    tokens = 0
+    for i, sentence in enumerate(body.sentences):
+        if not sentence.strip():
+            raise Refused(422, f"sentences.{i}: the sentence is empty")
+        if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
+            raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
+                               f"{settings.max_tokens} subword pieces per sentence)")
+        pieces = len(m.tokenizer.encode_src(sentence.strip()))
+        if pieces > settings.max_tokens:
+            raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of "
+                               f"{settings.max_tokens}")
+        tokens += pieces + 1
+    if body.attention:
+        from ..viz.attention import require_cross_attention
+
+        with _unprocessable():
+            require_cross_attention(m.model, "attention: true")
+    decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    job = Job(body.sentences, tokens, decode, resolve(loop, future), nbest=body.nbest, attention=body.attention)
+    try:
+        ctx.batchers[m.name].submit(job)
+    except QueueFull as err:
+        raise Refused(429, str(err), {"Retry-After": "1"}) from None
+    try:
+        results, attention = await asyncio.wait_for(future, settings.timeout_s)
+    except asyncio.TimeoutError:
+        job.cancelled = True
+        raise Refused(504, f"no answer within {settings.timeout_s:g} s (the server is busy); retry "
+                           f"later or with fewer sentences") from None
+    ctx.metrics.sentences(len(body.sentences), tokens, sum(len(hyps[0].tokens) + 1 for hyps in results))
+    out = []
+    for k, hyps in enumerate(results):
+        item: dict[str, Any] = {"text": hyps[0].text, "score": round(hyps[0].score, 4),
+                                "nbest": [{"text": h.text, "score": round(h.score, 4)} for h in hyps]}
+        if attention is not None:
+            item["attention"] = attention[k]
+        out.append(item)
+    return {"model": m.name, "translations": out}
+
+
+def _new_tokens(settings: ServeSettings) -> int:
+    """/generate's max_new_tokens when a request gives none."""
+    return min(NEW_TOKENS, settings.max_new_tokens)
+
+
+async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    settings = ctx.settings
+    new_tokens = body.max_new_tokens or _new_tokens(settings)
+    if new_tokens > settings.max_new_tokens:
+        raise Refused(422, f"max_new_tokens: {new_tokens} is more than the limit of {settings.max_new_tokens}")
+    if body.num_samples > settings.max_samples:
+        raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
+    ctx.check_length("prompt", body.prompt)
+    with _unprocessable():
+        ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+    ctx.check_length("prompt", body.prompt, len(ids))
+    texts = await ctx.run(m, lambda: generate_text(
+        m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
+        body.num_samples, what="prompt"))
+    return {"model": m.name, "prompt": body.prompt, "texts": texts}
+
+
+async def _fill_mask(body: FillMaskRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    ctx.check_length("text", body.text)
+    with _unprocessable():
+        pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
+    ctx.check_length("text", body.text, pieces)
+    masks = await ctx.run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
+    return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask] for mask in masks]}
+
+
+async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    settings = ctx.settings
+    if len(body.texts) > settings.max_sentences:
+        raise Refused(422, f"texts: {len(body.texts)} texts, more than the limit of {settings.max_sentences} "
+                           f"per request")
+    for i, text in enumerate(body.texts):
+        ctx.check_length(f"texts.{i}", text)
+    with _unprocessable():
+        sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
+    probabilities = await ctx.run(m, lambda: classify_probabilities(
+        m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
+    names = label_names(m.model)
+    return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
+
+
+def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
+    """The endpoint of a task's use (tasks.USES): what it needs and which models can answer it
+    come from the task's spec; a translator answers /translate only."""
+    spec = tasks.USES[use]
+    capability = (lambda m: spec.can(m.model, m.tokenizer)) if use == "translate" else _one_stack(spec.can)
+    return Endpoint(use, schema, spec.needs, capability, handler, **more)
+
+
+def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]:
+    """A capability from a task's ``TaskSpec.can``: a translator (two stacks) answers /translate only."""
+    return lambda m: m.arch not in TWO_STACKS and can(m.model, m.tokenizer)
+
+
+# the table: one entry per model endpoint, the order /info and the 400 list them in ---------------
+
+MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
+    _task_endpoint("translate", TranslateRequest, _translate, defaults=("beam", "alpha", "nbest", "max_len_a",
+                                                                        "max_len_b")),
+    _task_endpoint("generate", GenerateRequest, _generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
+                   server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
+    _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
+    _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)}),
+)
 
 
 def create_app(models: list[LoadedModel], settings: ServeSettings | None = None) -> FastAPI:
@@ -137,46 +357,41 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     settings = settings or ServeSettings()
     if not models:
         raise AtencionError("serve: give at least one model")
-    by_name = {m.name: m for m in models}
-    metrics = Metrics()
-    batchers: dict[str, Batcher] = {}
-    workers: dict[str, Worker] = {}
+    ctx = Context(models, settings, Metrics())
+    counted = {*FIXED, *("/" + e.name for e in MODEL_ENDPOINTS)}  # the paths metrics name; any other is "other"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         for m in models:
             if "translate" in m.endpoints:
-                batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
-                                           settings.max_queue, metrics.batch, m.name)
+                ctx.batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
+                                               settings.max_queue, ctx.metrics.batch, m.name)
             else:
-                workers[m.name] = Worker(settings.max_queue, m.name)
+                ctx.workers[m.name] = Worker(settings.max_queue, m.name)
         yield
-        for queue in [*batchers.values(), *workers.values()]:  # the requests in flight are answered first
+        for queue in [*ctx.batchers.values(), *ctx.workers.values()]:  # the requests in flight are answered first
             await asyncio.to_thread(queue.stop)
 
     app = FastAPI(title="atencion", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.settings, app.state.metrics = settings, metrics
+    app.state.settings, app.state.metrics = settings, ctx.metrics
 
     # errors: one JSON object, a 4xx status, never a traceback ------------------------------------
 
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
-
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
-        return error(exc.status, str(exc), exc.headers)
+        return _error(exc.status, str(exc), exc.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         if exc.status_code == 404:
             message = f"{request.url.path}: no such endpoint; see GET /info"
-        return error(exc.status_code, message, getattr(exc, "headers", None))
+        return _error(exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception):
         log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
-        return error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
+        return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
 
     # every request: size limit, key, metrics, one log line --------------------------------------
 
@@ -184,20 +399,20 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     async def guard(request: Request, call_next):
         began = time.perf_counter()
         path = request.url.path
-        endpoint = path if path in ENDPOINTS else "other"
+        endpoint = path if path in counted else "other"
         response = await _checked(request, call_next, settings)
         seconds = time.perf_counter() - began
-        metrics.request(endpoint, response.status_code, seconds)
+        ctx.metrics.request(endpoint, response.status_code, seconds)
         log.info(json.dumps({"method": request.method, "path": path, "status": response.status_code,
                              "ms": round(seconds * 1000, 1),
                              "client": request.client.host if request.client else None}))
         return response
 
-    # the endpoints ---------------------------------------------------------------------------------
+    # the fixed endpoints ---------------------------------------------------------------------------
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "models": list(by_name)}
+        return {"status": "ok", "models": list(ctx.by_name)}
 
     @app.get("/info")
     async def info():
@@ -206,9 +421,9 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
 
     @app.get("/metrics")
     async def prometheus():
-        for name, queue in [*batchers.items(), *workers.items()]:
-            metrics.queue_depth(name, len(queue))
-        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
+        for name, queue in [*ctx.batchers.items(), *ctx.workers.items()]:
+            ctx.metrics.queue_depth(name, len(queue))
+        return PlainTextResponse(ctx.metrics.text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -220,146 +435,27 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
             raise Refused(404, f"/static/{name}: no such file")
         return Response(_static(name), media_type=TYPES[name])
 
-    @app.post("/translate")
-    async def translate(request: Request):
-        body = await _parse(request, TranslateRequest)
-        m = _model(by_name, models, body.model, "translate")
-        if len(body.sentences) > settings.max_sentences:
-            raise Refused(422, f"sentences: {len(body.sentences)} sentences, more than the limit of "
-                               f"{settings.max_sentences} per request")
-        if body.nbest > body.beam:
-            raise Refused(422, f"nbest: {body.nbest} is more than beam ({body.beam})")
-        tokens = 0
-        for i, sentence in enumerate(body.sentences):
-            if not sentence.strip():
-                raise Refused(422, f"sentences.{i}: the sentence is empty")
-            if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
-                raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
-                                   f"{settings.max_tokens} subword pieces per sentence)")
-            pieces = len(m.tokenizer.encode_src(sentence.strip()))
-            if pieces > settings.max_tokens:
-                raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of "
-                                   f"{settings.max_tokens}")
-            tokens += pieces + 1
-        if body.attention:
-            from ..viz.attention import require_cross_attention
+    # the model endpoints: the table's ------------------------------------------------------------
 
-            try:
-                require_cross_attention(m.model, "attention: true")
-            except AtencionError as err:
-                raise Refused(422, str(err)) from None
-        decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        job = Job(body.sentences, tokens, decode, resolve(loop, future), nbest=body.nbest, attention=body.attention)
-        try:
-            batchers[m.name].submit(job)
-        except QueueFull as err:
-            raise Refused(429, str(err), {"Retry-After": "1"}) from None
-        try:
-            results, attention = await asyncio.wait_for(future, settings.timeout_s)
-        except asyncio.TimeoutError:
-            job.cancelled = True
-            raise Refused(504, f"no answer within {settings.timeout_s:g} s (the server is busy); retry "
-                               f"later or with fewer sentences") from None
-        metrics.sentences(len(body.sentences), tokens, sum(len(hyps[0].tokens) + 1 for hyps in results))
-        out = []
-        for k, hyps in enumerate(results):
-            item: dict[str, Any] = {"text": hyps[0].text, "score": round(hyps[0].score, 4),
-                                    "nbest": [{"text": h.text, "score": round(h.score, 4)} for h in hyps]}
-            if attention is not None:
-                item["attention"] = attention[k]
-            out.append(item)
-        return {"model": m.name, "translations": out}
-
-    async def run(m: LoadedModel, work):
-        """``work()`` on the model's worker thread; its AtencionError is the request's fault (422)."""
-        try:
-            return await workers[m.name].run(work, settings.timeout_s)
-        except QueueFull as err:
-            raise Refused(429, str(err), {"Retry-After": "1"}) from None
-        except asyncio.TimeoutError:
-            raise Refused(504, f"no answer within {settings.timeout_s:g} s (the server is busy); retry "
-                               f"later or ask for less") from None
-        except AtencionError as err:
-            raise Refused(422, str(err)) from None
-
-    def model_answers(endpoint: str) -> Callable[[Any], None]:
-        """A check that the model a body names answers ``endpoint``, before the body is validated
-        against that endpoint's fields: a model of the wrong kind is told so (400) first."""
-        def check(data: Any) -> None:
-            name = data.get("model") if isinstance(data, dict) else None
-            _model(by_name, models, name if isinstance(name, str) else None, endpoint)
-        return check
-
-    def check_length(field: str, text: str, pieces: int | None = None) -> None:
-        if len(text) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
-            raise Refused(422, f"{field}: {len(text)} characters, too long (at most {settings.max_tokens} "
-                               f"subword pieces)")
-        if pieces is not None and pieces > settings.max_tokens:
-            raise Refused(422, f"{field}: {pieces} subword pieces, more than the limit of {settings.max_tokens}")
-
-    @app.post("/generate")
-    async def generate(request: Request):
-        body = await _parse(request, GenerateRequest, model_answers("generate"))
-        m = _model(by_name, models, body.model, "generate")
-        new_tokens = body.max_new_tokens or min(NEW_TOKENS, settings.max_new_tokens)
-        if new_tokens > settings.max_new_tokens:
-            raise Refused(422, f"max_new_tokens: {new_tokens} is more than the limit of {settings.max_new_tokens}")
-        if body.num_samples > settings.max_samples:
-            raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
-        check_length("prompt", body.prompt)
-        try:
-            ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
-        except AtencionError as err:
-            raise Refused(422, str(err)) from None
-        check_length("prompt", body.prompt, len(ids))
-        texts = await run(m, lambda: generate_text(
-            m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
-            body.num_samples, what="prompt"))
-        return {"model": m.name, "prompt": body.prompt, "texts": texts}
-
-    @app.post("/fill-mask")
-    async def fill(request: Request):
-        body = await _parse(request, FillMaskRequest, model_answers("fill-mask"))
-        m = _model(by_name, models, body.model, "fill-mask")
-        check_length("text", body.text)
-        try:
-            pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
-        except AtencionError as err:
-            raise Refused(422, str(err)) from None
-        check_length("text", body.text, pieces)
-        masks = await run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
-        return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask]
-                                           for mask in masks]}
-
-    @app.post("/classify")
-    async def classify(request: Request):
-        body = await _parse(request, ClassifyRequest, model_answers("classify"))
-        m = _model(by_name, models, body.model, "classify")
-        if len(body.texts) > settings.max_sentences:
-            raise Refused(422, f"texts: {len(body.texts)} texts, more than the limit of {settings.max_sentences} "
-                               f"per request")
-        for i, text in enumerate(body.texts):
-            check_length(f"texts.{i}", text)
-        try:
-            sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
-        except AtencionError as err:
-            raise Refused(422, str(err)) from None
-        probabilities = await run(m, lambda: classify_probabilities(
-            m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
-        names = label_names(m.model)
-        predictions = []
-        for row in probabilities.tolist():
-            best = max(range(len(row)), key=row.__getitem__)
-            predictions.append({"label": names[best], "probability": row[best],
-                                "probabilities": dict(zip(names, row))})
-        return {"model": m.name, "predictions": predictions}
-
+    for endpoint in MODEL_ENDPOINTS:
+        app.add_api_route("/" + endpoint.name, _route(endpoint, ctx), methods=["POST"], name=endpoint.name)
     return app
 
 
-ENDPOINTS = {"/", "/health", "/info", "/metrics", "/translate", "/generate", "/fill-mask", "/classify"}
+def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[dict[str, Any]]]:
+    """POST /<endpoint>: the JSON body; the model it names, which must answer the endpoint (a model
+    of the wrong kind is told so, 400, before the fields are judged, 422); the body validated
+    against the endpoint's schema; the handler's answer."""
+    async def answer(request: Request) -> dict[str, Any]:
+        data = await _json(request)
+        name = data.get("model") if isinstance(data, dict) else None
+        m = ctx.model(name if isinstance(name, str) else None, endpoint)
+        return await endpoint.handler(_validate(endpoint.schema, data), m, ctx)
+    return answer
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def _checked(request: Request, call_next, settings: ServeSettings) -> Response:
@@ -386,20 +482,21 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
     return await call_next(request)
 
 
-async def _parse(request: Request, schema: type[BaseModel], first: Callable[[Any], None] | None = None) -> BaseModel:
-    """The JSON body (whatever its content type says) validated against ``schema``; a 4xx naming
-    the field otherwise. ``first(data)``, if given, sees the decoded body before it is validated."""
+async def _json(request: Request) -> Any:
+    """The body decoded as JSON, whatever its content type says; a 422 saying why not otherwise."""
     raw = await request.body()
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
-    if first is not None:
-        first(data)
+
+
+def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
+    """``data`` validated against ``schema``; a 422 naming the (first) field otherwise."""
     try:
         return schema.model_validate(data)
     except ValidationError as err:
@@ -412,37 +509,26 @@ async def _parse(request: Request, schema: type[BaseModel], first: Callable[[Any
         raise Refused(422, f"{where}: {first['msg']}") from None
 
 
-def _model(by_name: dict[str, LoadedModel], models: list[LoadedModel], name: str | None, endpoint: str):
-    if name is not None and name not in by_name:
-        raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
-    m = by_name[name] if name is not None else models[0]
-    if endpoint not in m.endpoints:
-        raise Refused(400, f"/{endpoint} needs {tasks.USES[endpoint].needs}; model {m.name!r} is "
-                           f"{tasks.describe(m.model.cfg)} "
-                           f"and answers {', '.join('/' + e for e in m.endpoints)}")
-    return m
-
-
 def _describe(m: LoadedModel, settings: ServeSettings) -> dict[str, Any]:
-    """A model for /info: its task ("translate", "lm", "mlm" or "classify"), endpoints, config and
-    the defaults of its first endpoint's request ("decoding")."""
+    """A model for /info: its task ("translate", "lm", "mlm" or "classify"), endpoints, config, the
+    defaults of its first endpoint's request ("decoding") and what its endpoints add (``info``)."""
+    answers = m.answers
     described = {"name": m.name, "path": m.path, "arch": m.arch, "task": m.task,
-                 "endpoints": ["/" + e for e in m.endpoints], "config": m.model.cfg.to_dict(),
+                 "endpoints": ["/" + e.name for e in answers], "config": m.model.cfg.to_dict(),
                  "vocab_size": {"source": m.tokenizer.src_vocab_size, "target": m.tokenizer.tgt_vocab_size},
                  "parameters": m.model.num_parameters(),
-                 "decoding": _defaults(m.endpoints[0], settings) if m.endpoints else {}}
-    if "classify" in m.endpoints:
-        described["labels"] = label_names(m.model)
+                 "decoding": _defaults(answers[0], settings) if answers else {}}
+    for e in answers:
+        if e.info is not None:
+            described |= e.info(m)
     return described
 
 
-def _defaults(endpoint: str, settings: ServeSettings) -> dict[str, Any]:
-    schema, names = {"translate": (TranslateRequest, ("beam", "alpha", "nbest", "max_len_a", "max_len_b")),
-                     "generate": (GenerateRequest, ("temperature", "top_k", "top_p", "num_samples")),
-                     "fill-mask": (FillMaskRequest, ("top_k",)), "classify": (ClassifyRequest, ())}[endpoint]
-    defaults = {name: schema.model_fields[name].default for name in names}
-    if endpoint == "generate":
-        defaults["max_new_tokens"] = min(NEW_TOKENS, settings.max_new_tokens)
+def _defaults(endpoint: Endpoint, settings: ServeSettings) -> dict[str, Any]:
+    """The request fields /info shows as "decoding": the schema's defaults, then the server's."""
+    defaults = {name: endpoint.schema.model_fields[name].default for name in endpoint.defaults}
+    if endpoint.server_defaults is not None:
+        defaults |= endpoint.server_defaults(settings)
     return defaults
 
 

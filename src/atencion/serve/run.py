@@ -25,6 +25,21 @@ def parse_models(specs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
+               threads: int = 0, **limits) -> None:
+    """`atencion serve`: load the model directories ``models`` ([NAME=]DIR, the first the default)
+    and serve them until Ctrl-C or SIGTERM; ``limits`` are ServeSettings fields (api_key: default
+    $ATENCION_API_KEY)."""
+    import os
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    settings = ServeSettings(**{**limits, "api_key": limits.get("api_key") or os.environ.get("ATENCION_API_KEY")})
+    serve(load_models(models, device), host, port, settings)
+
+
 def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
     from ..model_dir import load_model_dir
 
