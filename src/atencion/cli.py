@@ -428,21 +428,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     /generate, /fill-mask and /classify (language models, one request at a time per model), GET
     /info, /health, /metrics (Prometheus), and the attention explorer at /. Stops on Ctrl-C or
     SIGTERM after answering the requests in flight."""
-    import os
+    from .serve.run import serve_dirs
 
-    import torch
-
-    from .serve.app import ServeSettings
-    from .serve.run import load_models, serve
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
-                             max_sentences=args.max_sentences, max_tokens=args.max_tokens,
-                             max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
-                             max_body_bytes=args.max_body_bytes, max_queue=args.max_queue,
-                             timeout_s=args.timeout, api_key=args.api_key or os.environ.get("ATENCION_API_KEY"))
-    serve(load_models(args.model, args.device), args.host, args.port, settings)
+    serve_dirs(args.model, args.host, args.port, args.device, args.threads, batch_tokens=args.batch_tokens,
+               max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences, max_tokens=args.max_tokens,
+               max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
+               max_body_bytes=args.max_body_bytes, max_queue=args.max_queue, timeout_s=args.timeout,
+               api_key=args.api_key)
 
 
 def add_average_arguments(p: argparse.ArgumentParser) -> None:
