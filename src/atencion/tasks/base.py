@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,9 +26,6 @@ from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..nn.positional import position_limit as positions_of
-
-if TYPE_CHECKING:
-    from ..train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -130,8 +127,8 @@ class Task:
     name = ""
     symbols: tuple[str, ...] = ()  # tokens a new vocabulary must hold (mlm: <mask>)
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+    def __init__(self, cfg):
+        self.cfg = cfg  # the run's TrainConfig (train/config.py, which reads TASKS: not imported here)
 
     def tokenizer_texts(self) -> list[str]:
         """The text a new tokenizer is trained on."""
