@@ -39,11 +39,15 @@ def main() -> None:
     import atencion_old
     import torch
     from atencion_old.decode.search import beam_search as old_beam
-    from atencion_old.train.loss import generator_loss as old_loss
+
+    try:  # the loss lives in tasks/ since the redesign, in train/ before it
+        from atencion_old.tasks.loss import generator_loss as old_loss
+    except ImportError:
+        from atencion_old.train.loss import generator_loss as old_loss
 
     import atencion
     from atencion.decode.search import beam_search as new_beam
-    from atencion.train.loss import generator_loss as new_loss
+    from atencion.tasks.loss import generator_loss as new_loss
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

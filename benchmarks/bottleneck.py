@@ -45,7 +45,7 @@ def run(name: str, args) -> dict:
     from atencion.data.corpus import read_lines
     from atencion.decode.translate import translate_lines
     from atencion.evaluate import score_by_length
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
     from atencion.train.config import load_config
     from atencion.train.trainer import train
 

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from atencion.data.corpus import read_lines
-    from atencion.model_dir import build_model, load_model_dir
+    from atencion.nn.model_dir import build_model, load_model_dir
 
     torch.set_num_threads(args.threads)
     sentences = read_lines(Path(args.data) / "tok" / "test_2016_flickr.lc.norm.tok.de.gz")

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from atencion.data.corpus import read_lines
     from atencion.demo.run import run_demo
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
     from atencion.viz.attention import evaluate_alignment
 
     out = Path(args.out)

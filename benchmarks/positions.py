@@ -42,7 +42,7 @@ def train_kind(kind: str, args) -> Path:
 
 def evaluate_kind(model_dir: Path, args) -> dict:
     from atencion.data.text import read_text, split_tail
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
     from atencion.nn.positional import position_limit
     from atencion.tasks.lm import evaluate_lm
 

@@ -59,7 +59,7 @@ def run(name: str, args) -> dict:
     from atencion.data.corpus import read_lines
     from atencion.decode import DecodeConfig
     from atencion.decode.translate import translate_lines
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
 
     out = Path(args.out) / name
     sets = [f"train.threads={args.threads}", *COMMON, *RUNGS[name]]

@@ -33,8 +33,8 @@ def step_times(name: str, lengths: list[int], tokens: int, repeats: int) -> list
     import torch
 
     from atencion import ModelConfig
-    from atencion.model_dir import build_model
-    from atencion.train.loss import generator_loss
+    from atencion.nn.model_dir import build_model
+    from atencion.tasks.loss import generator_loss
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=10000, dropout=0.1, **MODELS[name])).train()

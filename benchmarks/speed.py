@@ -340,7 +340,7 @@ def mlm_batches(rows: int, n: int, seed: int = 0) -> list[LMBatch]:
 def lm_training(ours, hf, hf_loss, batches, warmup: int, device: torch.device, bf16: bool) -> dict:
     """Training tokens/s of both engines on the same batches; the ratio of the totals, and the
     range of the per-batch ratios."""
-    from atencion.train.loss import sequence_loss
+    from atencion.tasks.loss import sequence_loss
 
     ours, hf = ours.to(device).train(), hf.to(device).train()
     batches = [b.to(device) for b in batches]
@@ -453,7 +453,7 @@ def run_size(size: str, args) -> dict:
 
 
 def training_part(size: str, args, device: torch.device) -> dict:
-    from atencion.train.loss import generator_loss, label_smoothed_loss
+    from atencion.tasks.loss import generator_loss, label_smoothed_loss
 
     hf, ours = build_models(size, dropout=0.1)
     hf, ours = hf.to(device), ours.to(device)

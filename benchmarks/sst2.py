@@ -91,7 +91,7 @@ def sizes(run_dir: Path) -> dict:
 
 def dev_accuracy(model_dir: Path, dev: Path) -> dict:
     from atencion.data.text import read_labelled
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
     from atencion.tasks.classify import evaluate_classifier
 
     model, tokenizer = load_model_dir(model_dir)
@@ -104,7 +104,7 @@ def masked_accuracy(mlm_dir: Path, config: str, data: Path) -> dict:
     """The pretrained model's masked accuracy on its held-out sentences (masked from a fixed
     seed), beside the accuracy of always guessing the most frequent token of the training text."""
     from atencion.data.text import read_text, split_tail
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
     from atencion.tasks.mlm import evaluate_mlm
     from atencion.train.config import load_config
 

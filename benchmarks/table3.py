@@ -53,7 +53,7 @@ def run(name: str, args) -> dict:
                             *[a for s in sets for a in ("--set", s)]])
     records = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
     best = next(r for r in records if r.get("step") == result["train"]["best_step"] and "valid_ppl" in r)
-    from atencion.model_dir import load_model
+    from atencion.nn.model_dir import load_model
 
     record = {"row": name, "minutes": args.minutes, "threads": args.threads, "settings": ROWS[name],
               "parameters": load_model(result["train"]["best_model"]).num_parameters(),

@@ -3,7 +3,7 @@
 import json
 
 from atencion.cli import main
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 
 
 def test_demo_prints_examples_and_ends_with_a_json_summary(tmp_path, capsys):

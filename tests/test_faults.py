@@ -149,7 +149,7 @@ def test_a_model_with_non_finite_weights_is_refused_on_load(model_dir, tmp_path,
 def test_decoding_a_model_that_gives_nan_scores_is_an_error_not_missing_lines(model_dir):
     from atencion.decode.translate import translate_lines
     from atencion.errors import AtencionError
-    from atencion.model_dir import load_model_dir
+    from atencion.nn.model_dir import load_model_dir
 
     model, tokenizer = load_model_dir(model_dir)
     with torch.no_grad():

@@ -12,8 +12,8 @@ import torch
 
 from atencion.config import ARCHS, ModelConfig
 from atencion.errors import AtencionError
-from atencion.model_dir import ARCHS as REGISTERED
-from atencion.model_dir import TOWERS_FILE, build_model, directory_kind, load_model
+from atencion.nn.model_dir import ARCHS as REGISTERED
+from atencion.nn.model_dir import TOWERS_FILE, build_model, directory_kind, load_model
 from atencion.tasks import TASKS, USES, model_task
 
 

@@ -20,7 +20,7 @@ from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from atencion.decode.sample import generate_ids
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
 from atencion.tasks import model_task

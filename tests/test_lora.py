@@ -18,8 +18,8 @@ from torch.nn.utils import parametrize
 
 from atencion.cli import main as cli
 from atencion.errors import AtencionError
-from atencion.model_dir import load_model_dir
 from atencion.nn.lora import LoRALinear, LoraSpec, apply_lora, merge_lora, select_targets
+from atencion.nn.model_dir import load_model_dir
 from atencion.nn.transformer import Transformer
 from atencion.train.checkpoint import average_checkpoints, list_checkpoints
 from atencion.train.trainer import train

@@ -8,7 +8,7 @@ from torch import nn
 
 from atencion.data.batching import collate
 from atencion.data.corpus import read_lines
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 from atencion.nn.quantize import Int8Linear, quantize_int8
 from atencion.train.trainer import train
 from conftest import random_batch, small_model

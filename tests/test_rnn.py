@@ -15,7 +15,7 @@ from atencion import ModelConfig, Transformer
 from atencion.cli import main
 from atencion.decode.search import beam_search, greedy_search
 from atencion.errors import AtencionError
-from atencion.model_dir import build_model, load_model, load_model_dir
+from atencion.nn.model_dir import build_model, load_model, load_model_dir
 from atencion.nn.quantize import quantize_int8
 from atencion.nn.rnn import AdditiveAttention, MultiplicativeAttention, RNNSeq2Seq
 from atencion.train.checkpoint import average_checkpoints, list_checkpoints

@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from atencion.decode.translate import translate_lines
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 
 SENTENCES = ["el gato negro come el ratón", "el banco aprobó el crédito", "las casas blancas eran viejas",

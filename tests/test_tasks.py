@@ -17,7 +17,7 @@ from atencion.config import ModelConfig
 from atencion.data.text import epoch_offset, lm_blocks, mask_tokens, read_labelled, split_tail
 from atencion.data.tokenizer import MASK, Tokenizer
 from atencion.errors import AtencionError
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 from atencion.nn.transformer import Transformer
 from atencion.tasks.mlm import Masker
 from atencion.train.config import load_config
@@ -178,7 +178,7 @@ def test_the_mlm_loss_counts_the_chosen_positions_only():
     inputs, targets = masker(rows, torch.Generator().manual_seed(1))
     torch.manual_seed(0)
     model = Transformer(ModelConfig.preset("bert-tiny", vocab_size=tok.vocab_size, dropout=0.0)).eval()
-    from atencion.train.loss import sequence_loss
+    from atencion.tasks.loss import sequence_loss
 
     with torch.no_grad():
         loss, nll = sequence_loss(model, model, inputs, targets)

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from atencion import Transformer
 from atencion.data.batching import collate, token_batches
+from atencion.tasks.loss import label_smoothed_loss
 from atencion.train.checkpoint import average_checkpoints, list_checkpoints
 from atencion.train.config import load_config
-from atencion.train.loss import label_smoothed_loss
 from atencion.train.schedule import noam_lr
 from atencion.train.trainer import train
 
@@ -57,11 +57,12 @@ def one_and_two_processes(settings: dict, out: Path, port: int) -> tuple[Path, P
     the last checkpoint of each."""
     train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.accum_steps": 2}.items()]), out / "one")
     args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", str(port), "-m", "atencion", "train", "configs/reference.yaml",
-                    *args, "--set", "train.accum_steps=1", "--out", str(out / "two")],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parent.parent,
-                   capture_output=True)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(port), "-m", "atencion", "train", "configs/reference.yaml",
+                          *args, "--set", "train.accum_steps=1", "--out", str(out / "two")],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parent.parent,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, f"torchrun failed ({run.returncode}):\n{run.stderr[-4000:]}"
     return tuple(list_checkpoints(out / name / "checkpoints")[-1] for name in ("one", "two"))
 
 
@@ -181,7 +182,7 @@ def test_pairs_over_the_maximum_length_are_dropped_and_counted(caplog):
 
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bias):
-    from atencion.train.loss import generator_loss
+    from atencion.tasks.loss import generator_loss
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(23, 8, generator=g, requires_grad=True)
@@ -211,7 +212,7 @@ def test_chunked_generator_loss_equals_the_plain_loss_and_its_gradients(with_bia
 def test_generator_loss_stays_exact_when_a_target_probability_underflows():
     """A target 200 nats below the best token: its probability is 0 in float32, so the loss
     must come from log_softmax (finite, as the plain loss), not from log(p_y)."""
-    from atencion.train.loss import generator_loss
+    from atencion.tasks.loss import generator_loss
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(6, 8, generator=g)
@@ -235,7 +236,7 @@ def test_generator_loss_stays_exact_when_a_target_probability_underflows():
 
 
 def test_generator_loss_without_autograd_computes_the_loss_only(monkeypatch):
-    from atencion.train.loss import generator_loss
+    from atencion.tasks.loss import generator_loss
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(20, 8, generator=g, requires_grad=True)
@@ -258,7 +259,7 @@ def test_chunked_generator_loss_under_bf16_autocast_is_as_accurate_as_the_plain_
     """The gradient is computed during the forward pass, under autocast: from the bf16 logits
     the loss saw, with fp32 products (mixing precisions there doubled the error in an earlier
     version). Errors are measured against the fp32 loss; the plain bf16 path is the yardstick."""
-    from atencion.train.loss import generator_loss
+    from atencion.tasks.loss import generator_loss
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(300, 64, generator=g).to(device).requires_grad_()

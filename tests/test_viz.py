@@ -10,7 +10,7 @@ import torch
 from atencion.cli import main
 from atencion.data.tokenizer import Tokenizer
 from atencion.demo import grammar
-from atencion.model_dir import load_model_dir
+from atencion.nn.model_dir import load_model_dir
 from atencion.train.trainer import train
 from atencion.viz.attention import (
     AttentionMap,

@@ -2,8 +2,8 @@
 train, decode, score, serve and inspect."""
 
 from .config import ModelConfig
-from .model_dir import load_model
 from .nn.model import Model
+from .nn.model_dir import load_model
 from .nn.transformer import Transformer
 
 __all__ = ["Model", "ModelConfig", "Transformer", "load"]

@@ -459,7 +459,7 @@ def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_merge_lora(args: argparse.Namespace) -> None:
     """Fold a LoRA model's adapters into its base weights (W + α/r · B A): a plain model directory
     that needs no base, decodes as fast as any model, and exports."""
-    from .model_dir import merge_lora_dir
+    from .nn.model_dir import merge_lora_dir
 
     parameters = merge_lora_dir(args.model, args.out)
     print(json.dumps({"merged": str(Path(args.model)), "out": str(Path(args.out)), "parameters": parameters}))

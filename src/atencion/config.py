@@ -109,9 +109,6 @@ class ModelConfig:
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
-        # Imported here: importing atencion.nn imports nn/transformer.py, which imports this module.
-        from .nn.positional import POSITIONS
-
         _require_choice("positional", self.positional, tuple(POSITIONS))
         problem = POSITIONS[self.positional].check(self) if self.arch != "rnn" else None  # an RNN has no positions
         if problem:
@@ -222,6 +219,9 @@ class ModelConfig:
         return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
+# The position kinds ``positional`` may name (nn/positional.py's PositionKind: role, module, length
+# limit, check), filled by nn/positional.py, which atencion/__init__.py imports before any config exists.
+POSITIONS: dict[str, Any] = {}
 ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
 TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
 

@@ -86,7 +86,7 @@ def evaluate(model_dir: str | Path, src: str | Path, ref: str | Path, decode: De
     from .decode.settings import decode_config
     from .decode.translate import translate_lines
     from .fileio import atomic_write_text
-    from .model_dir import load_model_dir
+    from .nn.model_dir import load_model_dir
 
     d = decode_config(decode, **settings)
     sources, references = read_lines(src), read_lines(ref)

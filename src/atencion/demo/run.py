@@ -27,7 +27,7 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
     from ..decode.translate import translate_lines
     from ..evaluate import score
     from ..fileio import need_file, need_output_dir
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
     from ..train.config import load_config
     from ..train.trainer import train
 

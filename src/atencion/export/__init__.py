@@ -83,8 +83,8 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     base, tokenizer if present)."""
     from ..data.tokenizer import INFO_FILE, Tokenizer
     from ..fileio import need_dir, need_output_dir
-    from ..model_dir import check_vocabularies, load_model
     from ..nn.lora import merge_lora
+    from ..nn.model_dir import check_vocabularies, load_model
 
     need_dir(model_dir, "--model")
     need_output_dir(out, "--out")

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
-from ..model_dir import load_model, save_model
+from .model_dir import load_model, save_model
 
 
 class Model(nn.Module):

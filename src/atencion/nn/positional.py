@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..config import POSITIONS
 from ..errors import AtencionError
 
 
@@ -241,7 +242,8 @@ class PositionKind:
             raise ValueError(f"position kind {self.name!r}: role must be one of {list(ROLES)}, got {self.role!r}")
 
 
-POSITIONS: dict[str, PositionKind] = {kind.name: kind for kind in (
+# config.POSITIONS is the table ModelConfig checks ``positional`` against; it is filled here, once.
+POSITIONS.update({kind.name: kind for kind in (
     # §3.5: fixed sinusoids, computed for any length.
     PositionKind("sinusoidal", "absolute", lambda cfg: SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions),
                  check=_even_d_model),
@@ -255,7 +257,7 @@ POSITIONS: dict[str, PositionKind] = {kind.name: kind for kind in (
     # T5 (Raffel et al. 2020): a learned scalar per head and bucket of relative position.
     PositionKind("t5", "relative",
                  lambda cfg: T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)),
-)}
+)})
 
 
 def kinds(role: str) -> tuple[str, ...]:

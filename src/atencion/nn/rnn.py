@@ -35,10 +35,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..config import ModelConfig
 from ..errors import AtencionError
-from ..model_dir import register_arch
 from .dropout import Dropout
 from .layers import Generator
 from .model import Model
+from .model_dir import register_arch
 from .positional import TokenEmbedding
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}

@@ -9,12 +9,12 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
-from ..model_dir import register_arch
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
 from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
+from .model_dir import register_arch
 from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
 
 
@@ -218,7 +218,7 @@ class Transformer(Model):
         (n_selected, vocab), so training skips the vocabulary projection of padding, its largest
         matrix product. ``project=False`` returns what goes into the vocabulary projection (the
         decoder output before the generator; for an encoder, after the masked-LM head's transform),
-        for a loss that applies the projection itself (train/loss.py: ``sequence_loss``). With ``return_attention``,
+        for a loss that applies the projection itself (tasks/loss.py: ``sequence_loss``). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
         "decoder" (masked self) and "cross". ``classify``: the classification logits instead
         (``classify()``, through forward so that DistributedDataParallel sees the call)."""

@@ -41,7 +41,7 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
 
 
 def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     return [LoadedModel(name, path, *load_model_dir(path, device)) for name, path in parse_models(specs)]
 

@@ -43,7 +43,7 @@ def evaluate(model: str, warn=None, **options: Any) -> dict:
     is refused, as is a missing one the task needs."""
     from ..config import ModelConfig
     from ..fileio import need_dir
-    from ..model_dir import CONFIG_FILE
+    from ..nn.model_dir import CONFIG_FILE
 
     model_dir = need_dir(model, "--model")
     cfg = ModelConfig.load(model_dir / CONFIG_FILE)

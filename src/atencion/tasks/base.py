@@ -161,7 +161,7 @@ class Task:
 
     def loss(self, forward, model, batch: TaskBatch) -> tuple[Tensor, Tensor]:
         """(loss, negative log-likelihood), each summed over the batch's units."""
-        from ..train.loss import sequence_loss
+        from .loss import sequence_loss
 
         return sequence_loss(forward, model, batch.inputs, batch.targets, self.cfg.label_smoothing)
 

@@ -248,7 +248,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
     '--- line N, sample K ---'. Every prompt is checked before anything is generated."""
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     if input:
         need_file(input, "--input")
@@ -304,7 +304,7 @@ def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int |
 
 def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a language model: ``evaluate_lm`` on the file ``text``."""
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     path = options["text"]
     need_file(path, "--text")

@@ -180,7 +180,7 @@ def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False,
     mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``)."""
     import json
 
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     loaded, tokenizer = load_model_dir(model, device)
     masks = fill_mask(loaded, tokenizer, text, top_k)
@@ -232,7 +232,7 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
 
 def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a masked language model: ``evaluate_mlm`` on the file ``text``."""
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     path = options["text"]
     need_file(path, "--text")

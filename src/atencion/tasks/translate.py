@@ -90,7 +90,7 @@ class TranslateTask(Task):
         return TaskBatch(b.src, b.tgt_out, b.n_tokens, b.n_tokens, b.tgt_in)
 
     def loss(self, forward, model, batch):
-        from ..train.loss import generator_loss
+        from .loss import generator_loss
 
         hidden = forward(batch.inputs, batch.decoder_inputs, select=batch.targets != PAD_ID, project=False)
         generator = model.generator
@@ -100,7 +100,7 @@ class TranslateTask(Task):
     @torch.no_grad()
     def validate(self, model, device, step):
         from ..evaluate import score
-        from ..train.loss import label_smoothed_loss
+        from .loss import label_smoothed_loss
 
         loss_sum = nll_sum = tokens = 0.0
         lengths = [(len(s), len(tg)) for s, tg in self.valid_examples]
@@ -133,7 +133,7 @@ def translate_file(model: str, input: str | None = None, output: str | None = No
     directory ``model``, one line out per line in; with ``nbest`` above 1 the N best as
     'LINE ||| TEXT ||| SCORE'. Written atomically to ``output``; without one, the text is returned.
     ``warn(message)`` hears of bytes that are not UTF-8 (replaced)."""
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     decode = decode or DecodeConfig()
     if input:

@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save
 from ..data.tokenizer import INFO_FILE, JOINT_FILE, SRC_FILE, TGT_FILE, Tokenizer
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text, need_dir
-from ..model_dir import load_model, load_model_dir
 from ..nn.lora import merge_lora
 from ..nn.model import Model
+from ..nn.model_dir import load_model, load_model_dir
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
 # A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.

@@ -28,9 +28,9 @@ from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries
-from ..model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
+from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..tasks import make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint

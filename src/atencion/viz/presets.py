@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..config import PRESETS, PUBLISHED, ModelConfig
-from ..model_dir import build_model
+from ..nn.model_dir import build_model
 
 
 def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:

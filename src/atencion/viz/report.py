@@ -147,7 +147,7 @@ def attention_report(model: str, src: str, out: str | Path, tgt: str | None = No
     written into ``out``: a translator's (``write_attention_report``) or a GPT's or a BERT's
     (``write_self_attention_report``). An option the model's arch does not take is refused,
     naming it (``ATTENTION_OPTIONS``)."""
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     need_output_dir(out, "--out", empty=False)
     loaded, tokenizer = load_model_dir(model, device)
@@ -169,7 +169,7 @@ def aer_report(model: str, src: str, tgt: str, align: str, shift: str = "predict
     on the files ``src``, ``tgt`` (teacher-forced) and ``align`` (gold, Pharaoh); see
     ``evaluate_alignment``."""
     from ..data.corpus import read_lines
-    from ..model_dir import load_model_dir
+    from ..nn.model_dir import load_model_dir
 
     files = [need_file(path, "--" + option) for path, option in ((src, "src"), (tgt, "tgt"), (align, "align"))]
     loaded, tokenizer = load_model_dir(model, device)

@@ -15,8 +15,8 @@ checked against each other, as every command does, and ``save_model_dir`` writes
 
 Seams for what comes next:
 - a new architecture is a ``Model`` subclass (nn/model.py) decorated with
-  ``@register_arch("name")``; ``build_model`` finds it in ``ARCHS``, and ``atencion/nn/__init__.py``
-  imports every architecture module so that the table is full whatever was imported first;
+  ``@register_arch("name")``; ``build_model`` finds it in ``ARCHS``, and nn/__init__.py imports
+  every architecture module so that the table is full whatever was imported first;
 - ``directory_kind`` tells an atencion directory from a Hugging Face one (config.json with a
   ``model_type``) and from a directory of several towers (``towers.json``, as CLIP's image and
   text encoders); ``load_model`` reads the first and says in one line what the others are.
@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .data.tokenizer import INFO_FILE, Tokenizer
-from .devices import resolve_device
-from .errors import AtencionError, MissingFileError
-from .fileio import (
+from ..config import ModelConfig
+from ..data.tokenizer import INFO_FILE, Tokenizer
+from ..devices import resolve_device
+from ..errors import AtencionError, MissingFileError
+from ..fileio import (
     atomic_directory,
     atomic_write,
     atomic_write_bytes,
@@ -48,9 +48,10 @@ from .fileio import (
     need_output_dir,
     read_json,
 )
+from .lora import KEYS, LoraSpec, apply_lora, merge_lora, trainable_state
+from .quantize import quantize_int8
 
-# nn/ is imported where it is used (a model is an nn.Module here): its architectures import this
-# module to register, so importing nn/ at the top would run in a circle.
+# A model is an nn.Module here: nn/model.py imports this module (Model.save, Model.load).
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -186,8 +187,6 @@ def _check_class(model: nn.Module, directory: Path, expect: type | None) -> None
 def _save_adapters(model: nn.Module, directory: Path) -> None:
     from safetensors.torch import save
 
-    from .nn.lora import trainable_state
-
     info = model.lora
     tensors = trainable_state(model)
     bad = non_finite(tensors)
@@ -202,8 +201,6 @@ def _save_adapters(model: nn.Module, directory: Path) -> None:
 def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Module:
     """A LoRA model: its base (checked against the recorded checksum), then the adapters."""
     from safetensors.torch import load_file
-
-    from .nn.lora import KEYS, LoraSpec, apply_lora
 
     record = read_lora_file(directory)
     spec = LoraSpec.from_config({key: record[key] for key in KEYS}, where=str(directory / LORA_FILE))
@@ -267,8 +264,6 @@ def weights_checksum(directory: str | os.PathLike) -> str:
 
 def read_lora_file(directory: Path) -> dict:
     """lora.json of ``directory``, with every key it must hold, of the right types."""
-    from .nn.lora import KEYS
-
     record = read_json(directory / LORA_FILE, "LoRA description")
     for key in ("base", "base_sha256", "modules", *KEYS):
         if key not in record:
@@ -301,8 +296,6 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
     the option it came from in messages. The tokenizer's vocabularies must be the model's. The
     LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
-    from .nn.lora import merge_lora
-
     path = need_dir(path, what)
     model = load_model(path, map_location=resolve_device(device)).eval()
     if merge:
@@ -310,8 +303,6 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     tokenizer = Tokenizer.load(path)
     check_vocabularies(path, model, tokenizer)
     if int8:
-        from .nn.quantize import quantize_int8
-
         model = quantize_int8(model)
     return model, tokenizer
 
