@@ -4,6 +4,12 @@ Masks follow torch's convention for boolean ``attn_mask``: ``True`` means *may a
 A mask has four dimensions that broadcast to (batch, heads, queries, keys). The caches it reads
 and writes while decoding, and the packing of an encoder's real positions, are speed machinery
 that is not the paper: they live in cache.py.
+
+Where a new attention kind goes (``model.attention: {kind: ...}``, the long-attention issue): a
+function with ``scaled_dot_product_attention``'s arguments and result, in a module of its own,
+and one entry in a table of kinds that ``MultiHeadAttention.forward`` reads where it calls
+``scaled_dot_product_attention`` today; the setting itself is a ModelConfig key read once, in
+``Block`` (layers.py), as ``moe`` is.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """The layers of §3.1: position-wise feed-forward (§3.3), residual + normalization, the one
 block every stack is built from (self-attention, cross-attention in a decoder that has an
 encoder, feed-forward: dense, or a mixture of experts, nn/moe.py), and the output projection
-to the vocabulary (§3.4) that every model ends with."""
+to the vocabulary (§3.4) that every model ends with.
+
+``Block(cfg)`` is where a block's options are read from the ModelConfig: a new one (a gated
+feed-forward network, grouped-query attention) is a ModelConfig field (config.py: its default is
+the paper's, its check, its README row) read here, or in the module Block builds with it."""
 
 from __future__ import annotations
 
