@@ -44,21 +44,14 @@ def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | 
 POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float, 0.0, highest=1e6)
 
 
-# decoding options, shared by translate and evaluate -----------------------------------------------
-
 def _warn(command: str):
-    """A warning of the library, on stderr, as one line naming the command."""
+    """What the library warns of (its ``warn`` argument), on stderr, as one line naming the command."""
     def warn(message: str) -> None:
         print(f"atencion {command}: warning: {message}", file=sys.stderr)
     return warn
 
 
-def _threads(threads: int) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
+# decoding options, shared by translate and evaluate -----------------------------------------------
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """The options of translate and evaluate that make a DecodeConfig (and the model to decode with)."""
@@ -159,9 +152,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     """Translate lines from --input (default stdin) to --output (default stdout), one line out per line in."""
     from .tasks.translate import translate_file
 
-    _threads(args.threads)
     text = translate_file(args.model, args.input, args.output, decode_config_of(args), args.nbest,
-                          args.max_input_tokens, args.device, args.int8, warn=_warn("translate"))
+                          args.max_input_tokens, args.device, args.int8, args.threads, warn=_warn("translate"))
     if text is not None:
         sys.stdout.write(text)
 

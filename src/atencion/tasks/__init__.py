@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import ModelConfig
 from ..errors import AtencionError
+from ..fileio import need_dir
+from ..nn.model_dir import CONFIG_FILE
 from . import classify, lm, mlm, translate  # noqa: F401  (each registers its SPEC)
 from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
 
@@ -41,9 +44,6 @@ def evaluate(model: str, warn=None, **options: Any) -> dict:
     evaluate's arguments by name (src, ref, text, tsv, block_size, device, int8, batch_tokens,
     max_input_tokens, decode, ...; None: not given): one that belongs to another task's models
     is refused, as is a missing one the task needs."""
-    from ..config import ModelConfig
-    from ..fileio import need_dir
-    from ..nn.model_dir import CONFIG_FILE
 
     model_dir = need_dir(model, "--model")
     cfg = ModelConfig.load(model_dir / CONFIG_FILE)

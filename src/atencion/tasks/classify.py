@@ -22,6 +22,7 @@ from ..data.text import read_labelled
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
+from ..nn.model_dir import load_model_dir
 from .base import (
     Task,
     TaskBatch,
@@ -169,8 +170,6 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
     object per line with every label's probability. An empty line gets the model's answer on the
     empty sentence, so that the lines stay aligned; bytes that are not UTF-8 are replaced, and
     ``warn(message)`` hears of it."""
-    from ..nn.model_dir import load_model_dir
-
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -209,8 +208,6 @@ def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]]
 def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a classifier: ``evaluate_classifier`` on the rows of the file
     ``tsv`` (a first line whose label is no label of the model is a header, as in training)."""
-    from ..nn.model_dir import load_model_dir
-
     path = options["tsv"]
     need_file(path, "--tsv")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))

@@ -23,6 +23,7 @@ from ..data.tokenizer import EOS_ID, Tokenizer
 from ..decode.sample import check_sampling, generate_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
+from ..nn.model_dir import load_model_dir
 from .base import Task, TaskBatch, TaskSpec, check_model, evaluating, model_device, position_limit, register_task
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,6 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
     '--- line N, sample K ---'. Every prompt is checked before anything is generated."""
-    from ..nn.model_dir import load_model_dir
-
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -304,8 +303,6 @@ def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int |
 
 def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a language model: ``evaluate_lm`` on the file ``text``."""
-    from ..nn.model_dir import load_model_dir
-
     path = options["text"]
     need_file(path, "--text")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))

@@ -19,6 +19,7 @@ from ..data.text import mask_tokens
 from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
+from ..nn.model_dir import load_model_dir
 from .base import (
     Task,
     TaskBatch,
@@ -180,8 +181,6 @@ def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False,
     mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``)."""
     import json
 
-    from ..nn.model_dir import load_model_dir
-
     loaded, tokenizer = load_model_dir(model, device)
     masks = fill_mask(loaded, tokenizer, text, top_k)
     if as_json:
@@ -232,8 +231,6 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
 
 def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a masked language model: ``evaluate_mlm`` on the file ``text``."""
-    from ..nn.model_dir import load_model_dir
-
     path = options["text"]
     need_file(path, "--text")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))

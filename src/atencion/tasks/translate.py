@@ -18,7 +18,9 @@ from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, translate_lines
 from ..errors import AtencionError
+from ..evaluate import evaluate, score
 from ..fileio import atomic_write, need_dir, need_file, need_output_file
+from ..nn.model_dir import load_model_dir
 from .base import Task, TaskBatch, TaskSpec, register_task, valid_result
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,6 @@ class TranslateTask(Task):
 
     @torch.no_grad()
     def validate(self, model, device, step):
-        from ..evaluate import score
         from .loss import label_smoothed_loss
 
         loss_sum = nll_sum = tokens = 0.0
@@ -128,13 +129,12 @@ def can_translate(model, tokenizer: Tokenizer) -> bool:
 
 def translate_file(model: str, input: str | None = None, output: str | None = None,
                    decode: DecodeConfig | None = None, nbest: int = 1, max_input_tokens: int = 1024,
-                   device: str = "cpu", int8: bool = False, warn=None) -> str | None:
+                   device: str = "cpu", int8: bool = False, threads: int = 0, warn=None) -> str | None:
     """`atencion translate`: translate the lines of ``input`` (None: stdin) with the model
     directory ``model``, one line out per line in; with ``nbest`` above 1 the N best as
     'LINE ||| TEXT ||| SCORE'. Written atomically to ``output``; without one, the text is returned.
-    ``warn(message)`` hears of bytes that are not UTF-8 (replaced)."""
-    from ..nn.model_dir import load_model_dir
-
+    ``threads``: torch's threads (0: its choice). ``warn(message)`` hears of bytes that are not
+    UTF-8 (replaced)."""
     decode = decode or DecodeConfig()
     if input:
         need_file(input, "--input")
@@ -144,6 +144,8 @@ def translate_file(model: str, input: str | None = None, output: str | None = No
             raise AtencionError(f"--output {output} is the input file; choose another name")
     if nbest > decode.beam:
         raise AtencionError(f"--nbest {nbest}: at most --beam ({decode.beam}) translations per line")
+    if threads:
+        torch.set_num_threads(threads)
     loaded, tokenizer = load_model_dir(model, device, int8)
     source = input or getattr(sys.stdin, "buffer", sys.stdin)
     lines = read_lines(source, allow_empty=True, errors="replace", name=input or "stdin", warn=warn)
@@ -164,8 +166,6 @@ def format_translations(results: list[list[Translation]], nbest: int) -> str:
 
 def evaluate_translator(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a translator: translate ``src``, score against ``ref`` (evaluate.py)."""
-    from ..evaluate import evaluate
-
     for option in ("src", "ref", "raw_ref", "recase_from"):
         if options.get(option):
             need_file(options[option], "--" + option.replace("_", "-"))
