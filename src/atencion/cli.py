@@ -117,7 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .demo.run import format_examples, run_demo
 
     summary = run_demo(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), args.config, args.set or [],
-                       n_train=args.train_size, n_test=args.test_size, seed=args.seed)
+                       n_train=args.train_size, n_test=args.test_size, seed=args.seed, warn=_warn("demo"))
     sys.stdout.write(format_examples(summary.pop("examples")))
     print(json.dumps(summary))
 
