@@ -491,3 +491,39 @@ def test_a_corrupt_gzip_corpus_is_one_line(tmp_path, corpus, capsys):
     config = write_config(tmp_path / "c.yaml", corpus)
     line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", f"data.train_src={bad}"], capsys)
     assert str(bad) in line
+
+
+# 9. the training side of the tasks: their data, their epochs, train.lora, train.init_from ---------------
+
+TINY_TASK = {"model.n_layers": 1, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2, "train.warmup": 5,
+             "train.lr_peak": 0.003, "train.progress": "false", "train.tensorboard": "false", "train.log_every": 1,
+             "train.threads": 1, "train.max_steps": 2, "train.valid_every": 2}
+
+
+def task_config(path: Path, task: str, **sets) -> Path:
+    """A YAML config of ``task`` with a 1-layer model and a 2-step run; ``sets``: KEY=VALUE with
+    the section's dot as a double underscore (data__train_text)."""
+    values = {**TINY_TASK, **{key.replace("__", "."): value for key, value in sets.items()}}
+    sections: dict[str, dict] = {}
+    for key, value in values.items():
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = value
+    path.write_text(f"task: {task}\n" + "".join(f"{section}: {{" + ", ".join(f"{k}: {v}" for k, v in keys.items())
+                                                 + "}\n" for section, keys in sections.items()), encoding="utf-8")
+    return path
+
+
+def task_sentences(n: int, seed: int = 0) -> list[str]:
+    from test_tasks import sentences
+
+    return sentences(n, seed)
+
+
+def test_data_header_yes_and_no_written_plain_in_yaml_are_the_choices_yes_and_no(tmp_path):
+    from atencion.train.config import load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("task: classify\ndata: {train_tsv: t.tsv, header: yes}\n", encoding="utf-8")
+    assert load_config(config).data.header == "yes"  # YAML 1.1 reads the word as true
+    assert load_config(config, ["data.header=no"]).data.header == "no"
+    assert load_config(config, ["data.header=auto"]).data.header == "auto"

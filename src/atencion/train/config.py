@@ -156,6 +156,8 @@ SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
 # the task from the config's task: key.
 MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
     "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels", "task"}
+# Choices spelled yes and no beside other words ("auto"), which YAML 1.1 reads as true and false.
+YES_NO = {"data.header"}
 # What a model started from train.init_from may change (regularisation and the new head); any
 # other model key the config gives must agree with the model it starts from.
 INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
@@ -249,6 +251,8 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
         for key, value in values.items():
             if key not in fields:
                 raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
+            if f"{name}.{key}" in YES_NO and isinstance(value, bool):  # YAML 1.1 reads yes and no as booleans
+                value = "yes" if value else "no"
             values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
         sections[name] = cls(**values)
     cfg = TrainConfig(task=task, model=model, **sections)
