@@ -519,6 +519,51 @@ def task_sentences(n: int, seed: int = 0) -> list[str]:
     return sentences(n, seed)
 
 
+@pytest.mark.parametrize("where", [1, 3])
+def test_a_labelled_row_with_no_label_is_refused_naming_the_file_and_line(tmp_path, capsys, where):
+    rows = [f"{'pos' if 'cat' in s else 'neg'}\t{s}" for s in task_sentences(40)]
+    rows.insert(where - 1, "\tno label here")
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "classify", data__train_tsv=tsv, data__vocab_size=60)
+    before = snapshot(tmp_path)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert f"{tsv} line {where}: the label is empty" in line, line
+    assert unchanged(before) and not (tmp_path / "run").exists()
+
+
+def test_a_labelled_row_with_no_label_is_refused_in_validation_and_evaluation_too(tmp_path):
+    from atencion.data.text import read_labelled
+    from atencion.errors import AtencionError
+
+    tsv = tmp_path / "valid.tsv"
+    tsv.write_text("pos\tthe cat\n \tno label here\nneg\tthe dog\n", encoding="utf-8")
+    with pytest.raises(AtencionError, match=rf"{tsv} line 2: the label is empty"):
+        read_labelled(str(tsv), ["neg", "pos"])
+
+
+def test_a_first_line_taken_as_a_header_is_named_with_the_reason(tmp_path, caplog):
+    from atencion.tasks import make_task
+    from atencion.train.config import load_config
+
+    train_tsv, valid_tsv = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+    train_tsv.write_text("label\tsentence\npos\tthe cat\nneg\tthe dog\n", encoding="utf-8")
+    valid_tsv.write_text("verdict\ttext\npos\tmy cat\n", encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "classify", data__train_tsv=train_tsv, data__valid_tsv=valid_tsv)
+    with caplog.at_level("WARNING"):
+        task = make_task(load_config(config))
+    assert task.labels == ["neg", "pos"] and len(task.train_rows) == 2 and len(task.valid_rows) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{train_tsv} line 1: taken as a header" in w and "its label 'label' appears on no other line" in w
+               for w in warnings), warnings
+    assert any(f"{valid_tsv} line 1: taken as a header" in w and "its label 'verdict' is not a label" in w
+               for w in warnings), warnings
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_task(load_config(config, ["data.header=yes"]))  # asked for: nothing to say
+    assert not [r for r in caplog.records if "header" in r.getMessage()]
+
+
 def test_data_header_yes_and_no_written_plain_in_yaml_are_the_choices_yes_and_no(tmp_path):
     from atencion.train.config import load_config
 

@@ -11,6 +11,7 @@ checks as the parallel corpora (one line naming the file and line for each mista
 
 from __future__ import annotations
 
+import logging
 import random
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from ..errors import AtencionError
 from .corpus import CorpusError, read_lines
+
+log = logging.getLogger(__name__)
 
 
 def read_text(paths: str | list[str], key: str) -> list[str]:
@@ -45,12 +48,14 @@ def split_tail(lines: list[str], fraction: float) -> tuple[list[str], list[str]]
 
 
 def read_labelled(path: str, labels: list[str] | None = None, header: str = "auto",
-                  empty_lines: str = "skip") -> tuple[list[tuple[int, str]], list[str], int]:
+                  empty_lines: str = "skip", warn=log.warning) -> tuple[list[tuple[int, str]], list[str], int]:
     """``(label index, text)`` rows of a ``label<TAB>text`` file, the label names and the number
     of rows skipped for an empty text. Training (``labels`` None) learns the names (sorted:
     numerically when they are all integers); validation and evaluation refuse a label that
-    training did not see, naming the line. ``header``: "auto" takes the first line as a header
-    when its label is not a label of any other line (SST-2's ``label<TAB>sentence``), "yes", "no"."""
+    training did not see, naming the line. A row with an empty label is refused, naming its line.
+    ``header``: "auto" takes the first line as a header when its label is not a label of any
+    other line (SST-2's ``label<TAB>sentence``), and ``warn(message)`` hears which line and why;
+    "yes", "no"."""
     lines = read_lines(path)
     rows = []
     for number, line in enumerate(lines, start=1):
@@ -58,9 +63,22 @@ def read_labelled(path: str, labels: list[str] | None = None, header: str = "aut
         if not sep:
             raise CorpusError(f"{path} line {number}: expected label<TAB>text, found no tab")
         rows.append((label.strip(), text.strip(), number))
-    if header == "yes" or (header == "auto" and rows and rows[0][0] not in
-                           ({r[0] for r in rows[1:]} if labels is None else set(labels))):
+    if header == "yes":
         rows = rows[1:]
+    for label, _, number in rows:
+        if not label:
+            raise CorpusError(f"{path} line {number}: the label is empty; expected label<TAB>text")
+    if header == "auto" and rows:
+        first = rows[0][0]
+        if labels is None and first not in {r[0] for r in rows[1:]}:
+            reason = f"its label {first!r} appears on no other line"
+        elif labels is not None and first not in labels:
+            reason = f"its label {first!r} is not a label seen in training {labels}"
+        else:
+            reason = None
+        if reason:
+            warn(f"{path} line 1: taken as a header, not a row: {reason}")
+            rows = rows[1:]
     if labels is None:
         names = sorted({r[0] for r in rows})
         labels = sorted(names, key=int) if all(_is_int(x) for x in names) else names
