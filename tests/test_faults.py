@@ -572,3 +572,65 @@ def test_data_header_yes_and_no_written_plain_in_yaml_are_the_choices_yes_and_no
     assert load_config(config).data.header == "yes"  # YAML 1.1 reads the word as true
     assert load_config(config, ["data.header=no"]).data.header == "no"
     assert load_config(config, ["data.header=auto"]).data.header == "auto"
+
+
+def test_every_lm_epoch_has_a_block_when_the_text_holds_one():
+    from atencion.data.text import epoch_offset, lm_blocks
+
+    block = 64
+    for n in range(block + 1, 3 * block):
+        for seed in range(3):
+            for epoch in range(30):
+                offset = epoch_offset(seed, epoch, block, n)
+                assert lm_blocks(n, block, offset), (n, seed, epoch, offset)
+                if n >= 2 * block:  # a text of two blocks or more: the offsets it always had (exact resume)
+                    assert offset == epoch_offset(seed, epoch, block)
+
+
+def test_an_lm_text_between_one_and_two_blocks_trains_every_epoch_and_resumes(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(("to be or not to be, that is the question\n" * 3)[:99] + "\n", encoding="utf-8")
+    assert len(text.read_text(encoding="utf-8")) == 100
+    sets = [f"--set=data.train_text={text}", "--set=train.progress=false", "--set=train.tensorboard=false",
+            "--set=train.threads=1", "--set=train.valid_every=1", "--set=train.log_every=1"]
+    argv = ["train", str(ROOT / "configs" / "shakespeare_char.yaml"), "--out", str(tmp_path / "run")]
+    assert main([*argv, *sets, "--set=train.max_steps=4"]) == 0  # one block an epoch: four epochs
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 4
+    parts = ["train", str(ROOT / "configs" / "shakespeare_char.yaml"), "--out", str(tmp_path / "parts")]
+    assert main([*parts, *sets, "--set=train.max_steps=1"]) == 0
+    assert main([*parts, *sets, "--set=train.max_steps=4", "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 4
+
+
+def test_a_task_that_gives_no_batch_is_refused_in_one_line_keeping_its_checkpoints(tmp_path, capsys, monkeypatch):
+    from atencion.tasks.lm import LMTask
+
+    batches = LMTask.batches
+    monkeypatch.setattr(LMTask, "batches", lambda self, epoch: batches(self, epoch)[:2] if epoch == 0 else [])
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(100)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                         data__block_size=32, model__max_positions=32, train__max_tokens=64, train__max_steps=0,
+                         train__valid_every=0, train__max_epochs=3)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "epoch 2: task 'lm' gave no batch" in line and "step_00000002" in line, line
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_a_step_with_nothing_to_predict_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from atencion.tasks.lm import LMTask
+
+    make_batch = LMTask.make_batch
+
+    def nothing(self, indices, step, part):
+        batch = make_batch(self, indices, step, part)
+        batch.units = 0 if step == 2 else batch.units
+        return batch
+
+    monkeypatch.setattr(LMTask, "make_batch", nothing)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(100)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                         data__block_size=32, model__max_positions=32, train__valid_every=1)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "step 2: its batches hold nothing to predict" in line and "step_00000001" in line, line

@@ -122,10 +122,17 @@ def lm_blocks(n_tokens: int, block_size: int, offset: int = 0, partial: bool = F
     return blocks
 
 
-def epoch_offset(seed: int, epoch: int, block_size: int) -> int:
+def epoch_offset(seed: int, epoch: int, block_size: int, n_tokens: int | None = None) -> int:
     """Where an epoch's blocks begin: 0 first, then a reproducible shift, so that the model
-    does not see the same block boundaries every epoch."""
-    return 0 if epoch == 0 else random.Random(seed * 1_000_003 + epoch).randrange(block_size)
+    does not see the same block boundaries every epoch. Given the stream's ``n_tokens``, the
+    shift always leaves at least one block when the stream holds one (block_size + 1 tokens):
+    a shift that would leave none is folded back into the room there is (a text of two blocks
+    or more keeps every shift it had)."""
+    if epoch == 0:
+        return 0
+    shift = random.Random(seed * 1_000_003 + epoch).randrange(block_size)
+    room = None if n_tokens is None else n_tokens - block_size  # the shifts that leave a block: 0 … room − 1
+    return shift % room if room is not None and 0 < room <= shift else shift
 
 
 def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, first_regular: int, vocab_size: int,

@@ -117,7 +117,7 @@ class LMTask(Task):
     def blocks(self, epoch: int) -> list[tuple[int, int]]:
         if self._blocks is None or self._blocks[0] != epoch:
             block = self.cfg.data.block_size
-            offset = epoch_offset(self.cfg.train.seed, epoch, block)
+            offset = epoch_offset(self.cfg.train.seed, epoch, block, self.stream.numel())  # leaves a block
             self._blocks = (epoch, lm_blocks(self.stream.numel(), block, offset))
         return self._blocks[1]
 

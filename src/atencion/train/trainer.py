@@ -240,6 +240,8 @@ class Trainer:
         group is completed with the epoch's first batches so every process has work."""
         t = self.cfg.train
         batches = self.task.batches(epoch)
+        if not batches:  # a task's data always gives one; if it ever does not, say so rather than crash
+            raise AtencionError(f"epoch {epoch + 1}: task {self.cfg.task!r} gave no batch to train on")
         size = t.accum_steps * self.dist.world
         groups = [batches[i: i + size] for i in range(0, len(batches), size)]
         if len(groups[-1]) < size:
@@ -252,6 +254,9 @@ class Trainer:
         batches = [self.task.make_batch(b, step, part) for part, b in enumerate(group)]
         total_units = sum(b.units for b in batches)  # every process knows the whole group
         total_tokens = sum(b.tokens for b in batches)
+        if total_units == 0:  # the loss is averaged over the units: there must be one
+            raise AtencionError(f"step {step}: its batches hold nothing to predict (no target token, masked "
+                                f"token or sentence) for task {self.cfg.task!r}")
         mine = batches[self.dist.rank:: self.dist.world]
         self.model.train()
         loss_sum = nll_sum = 0.0
