@@ -634,3 +634,37 @@ def test_a_step_with_nothing_to_predict_is_refused_in_one_line(tmp_path, capsys,
                          data__block_size=32, model__max_positions=32, train__valid_every=1)
     line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
     assert "step 2: its batches hold nothing to predict" in line and "step_00000001" in line, line
+
+
+def test_mlm_lines_that_encode_to_no_piece_are_dropped_and_counted(tmp_path, capsys, caplog):
+    lines = task_sentences(300)
+    nothing = ["\ufeff", "\u200b", "\ufeff\u200b", " \u200b "] * 10  # 40 lines: SentencePiece drops these marks
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in lines[:150] + nothing + lines[150:] + nothing), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "mlm", data__train_text=text, data__vocab_size=60,
+                         train__max_tokens=64, train__max_steps=4, train__valid_every=2)
+    with caplog.at_level("WARNING"):
+        assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "train text: dropped 40 sentences with no token to mask" in " ".join(warnings), warnings
+    assert "valid text: dropped 40 sentences with no token to mask" in " ".join(warnings), warnings
+
+
+def test_a_validation_text_with_no_piece_is_refused_before_any_training(tmp_path, capsys):
+    text, valid = tmp_path / "text.txt", tmp_path / "valid.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    valid.write_text("\ufeff\n\u200b\n" * 5, encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "mlm", data__train_text=text, data__valid_text=valid,
+                         data__vocab_size=60)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "valid text: no sentence left: 10 with no token to mask (of 10 non-empty lines)" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_masking_a_batch_with_nothing_maskable_chooses_nothing():
+    from atencion.data.text import mask_tokens
+
+    ids = torch.tensor([[2, 3, 0], [2, 4, 3]])
+    inputs, targets = mask_tokens(ids, torch.zeros_like(ids, dtype=torch.bool), 4, 5, 50, 0.15,
+                                  torch.Generator().manual_seed(0))
+    assert torch.equal(inputs, ids) and not targets.any()

@@ -143,12 +143,15 @@ def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, first_regular: int,
     ``probability``; a chosen token becomes ``<mask>`` (80%), a random regular token (ids from
     ``first_regular`` on, 10%) or stays (10%). Targets hold the original id at chosen positions
     and padding (0) elsewhere, so the loss counts the chosen positions only. A batch where no
-    position was chosen gets its first maskable one, so that every batch has a loss."""
+    position was chosen gets its first maskable one, so that every batch has a loss; a batch with
+    no maskable position at all (a row of no piece) comes back as it was, with no target."""
     draw = torch.rand(ids.shape, generator=generator)
     how = torch.rand(ids.shape, generator=generator)
     chosen = (draw < probability) & maskable
     if not bool(chosen.any()):
-        chosen.view(-1)[int(maskable.view(-1).nonzero()[0])] = True
+        first = maskable.reshape(-1).nonzero()
+        if first.numel():
+            chosen.view(-1)[int(first[0])] = True
     inputs = ids.clone()
     inputs[chosen & (how < 0.8)] = mask_id
     swap = chosen & (how >= 0.8) & (how < 0.9)
