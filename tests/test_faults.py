@@ -668,3 +668,15 @@ def test_masking_a_batch_with_nothing_maskable_chooses_nothing():
     inputs, targets = mask_tokens(ids, torch.zeros_like(ids, dtype=torch.bool), 4, 5, 50, 0.15,
                                   torch.Generator().manual_seed(0))
     assert torch.equal(inputs, ids) and not targets.any()
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_an_empty_held_out_tail_is_named_with_what_to_do(tmp_path, capsys, task):
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    extra = {"data__tokenizer": "char", "data__block_size": 32, "model__max_positions": 32} if task == "lm" else {}
+    config = task_config(tmp_path / "c.yaml", task, data__train_text=text, data__vocab_size=60,
+                         data__valid_fraction=0.00001, **extra)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "data.valid_fraction: the held-out tail (1e-05 of 300 lines of data.train_text) is empty" in line, line
+    assert "data.valid_text" in line and not (tmp_path / "run" / "checkpoints").exists()

@@ -32,7 +32,7 @@ from .base import (
     register_task,
     sentence_ids,
 )
-from .lm import text_splits
+from .lm import refuse_empty_tail, text_splits
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class MLMTask(Task):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.train_lines, self.valid_lines = text_splits(cfg)
+        self.train_lines, self.valid_lines, self.tail_of = text_splits(cfg)
 
     def tokenizer_texts(self) -> list[str]:
         return self.train_lines
@@ -110,6 +110,8 @@ class MLMTask(Task):
         self.masker = Masker(tokenizer, self.cfg.data.mask_probability)
         max_len = self.cfg.data.max_len
         self.examples = encode_sentences(self.train_lines, tokenizer, max_len, "train text", self.masker)
+        if not any(line.strip() for line in self.valid_lines):
+            refuse_empty_tail(self.cfg, self.tail_of)
         self.valid_examples = encode_sentences(self.valid_lines, tokenizer, max_len, "valid text", self.masker)
         self._lengths = [(len(e), 0) for e in self.examples]
 
