@@ -680,3 +680,24 @@ def test_an_empty_held_out_tail_is_named_with_what_to_do(tmp_path, capsys, task)
     line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
     assert "data.valid_fraction: the held-out tail (1e-05 of 300 lines of data.train_text) is empty" in line, line
     assert "data.valid_text" in line and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_lora_takes_the_numbers_the_other_sections_take(tmp_path):
+    from atencion.errors import AtencionError
+    from atencion.nn.lora import LoraSpec
+    from atencion.train.config import load_config
+
+    assert LoraSpec.from_config({"rank": "4", "alpha": "1e1", "dropout": "1e-1"}) == \
+        LoraSpec(4, 10.0, 0.1, ["attention"])
+    assert LoraSpec.from_config({"rank": 4.0}).rank == 4
+    config = tmp_path / "c.yaml"
+    config.write_text("task: classify\ntrain:\n  init_from: somewhere\n  lora: {rank: 2, alpha: 1e1}\n",
+                      encoding="utf-8")
+    assert LoraSpec.from_config(load_config(config).train.lora).alpha == 10.0
+    for key, value, message in [("alpha", "ten", "expected a number > 0, got 'ten'"),
+                                ("alpha", ".nan", "expected a number > 0"), ("alpha", "0", "expected a number > 0"),
+                                ("rank", "2.5", "expected an integer >= 1, got '2.5'"),
+                                ("rank", True, "expected an integer >= 1, got True"),
+                                ("dropout", "1e0", r"expected a number in \[0, 1\), got '1e0'")]:
+        with pytest.raises(AtencionError, match=rf"train.lora.{key}: {message}"):
+            LoraSpec.from_config({key: value})
