@@ -701,3 +701,44 @@ def test_train_lora_takes_the_numbers_the_other_sections_take(tmp_path):
                                 ("dropout", "1e0", r"expected a number in \[0, 1\), got '1e0'")]:
         with pytest.raises(AtencionError, match=rf"train.lora.{key}: {message}"):
             LoraSpec.from_config({key: value})
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny GPT (character vocabulary, 32 positions), a tiny BERT (SentencePiece with <mask>) and
+    a tiny BERT classifier (SentencePiece without <mask>)."""
+    from test_tasks import config as task_cfg
+    from test_tasks import lm_sets
+
+    tmp = tmp_path_factory.mktemp("pretrained")
+    text = tmp / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    gpt = train(task_cfg(tmp, "lm", *lm_sets(text), "train.max_steps=1", "train.valid_every=1",
+                         "train.threads=1"), tmp / "gpt")
+    bert = train(task_cfg(tmp, "mlm", f"data.train_text={text}", "data.vocab_size=60", "train.max_steps=1",
+                          "train.valid_every=1", "train.threads=1"), tmp / "bert")
+    tsv = tmp / "train.tsv"
+    tsv.write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n" for s in task_sentences(100)), encoding="utf-8")
+    classifier = train(task_cfg(tmp, "classify", f"data.train_tsv={tsv}", "data.vocab_size=60", "train.max_steps=1",
+                                "train.threads=1"), tmp / "classifier")
+    return {"gpt": gpt["best_model"], "bert": bert["best_model"], "classifier": classifier["last_checkpoint"],
+            "text": text}
+
+
+@pytest.mark.parametrize("task, start, sets, message", [
+    ("mlm", "gpt", {}, "model.arch 'decoder' cannot be trained by task 'mlm'"),
+    ("lm", "bert", {}, "model.arch 'encoder' cannot be trained by task 'lm'"),
+    ("lm", "gpt", {"data__tokenizer": "char", "data__block_size": 64}, "data.block_size gives sequences of up to 64"),
+    ("classify", "bert", {"model__d_model": 64}, "model.d_model is 64 in the config but 32 in"),
+    ("mlm", "classifier", {}, "its tokenizer has no <mask>, which task 'mlm' needs"),
+])
+def test_every_init_from_refusal_names_it_and_comes_before_anything_is_written(tmp_path, capsys, pretrained,
+                                                                               task, start, sets, message):
+    data = {"classify": {"data__train_tsv": tmp_path / "train.tsv"}}.get(task, {"data__train_text": pretrained["text"]})
+    (tmp_path / "train.tsv").write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n"
+                                                for s in task_sentences(40)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", task, train__init_from=pretrained[start], **data, **sets)
+    before = snapshot(tmp_path, Path(pretrained[start]))
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert f"train.init_from {pretrained[start]}" in line and message in line, line
+    assert unchanged(before) and not (tmp_path / "run").exists()
