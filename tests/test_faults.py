@@ -491,3 +491,254 @@ def test_a_corrupt_gzip_corpus_is_one_line(tmp_path, corpus, capsys):
     config = write_config(tmp_path / "c.yaml", corpus)
     line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set", f"data.train_src={bad}"], capsys)
     assert str(bad) in line
+
+
+# 9. the training side of the tasks: their data, their epochs, train.lora, train.init_from ---------------
+
+TINY_TASK = {"model.n_layers": 1, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2, "train.warmup": 5,
+             "train.lr_peak": 0.003, "train.progress": "false", "train.tensorboard": "false", "train.log_every": 1,
+             "train.threads": 1, "train.max_steps": 2, "train.valid_every": 2}
+
+
+def task_config(path: Path, task: str, **sets) -> Path:
+    """A YAML config of ``task`` with a 1-layer model and a 2-step run; ``sets``: KEY=VALUE with
+    the section's dot as a double underscore (data__train_text)."""
+    values = {**TINY_TASK, **{key.replace("__", "."): value for key, value in sets.items()}}
+    sections: dict[str, dict] = {}
+    for key, value in values.items():
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = value
+    path.write_text(f"task: {task}\n" + "".join(f"{section}: {{" + ", ".join(f"{k}: {v}" for k, v in keys.items())
+                                                 + "}\n" for section, keys in sections.items()), encoding="utf-8")
+    return path
+
+
+def task_sentences(n: int, seed: int = 0) -> list[str]:
+    from test_tasks import sentences
+
+    return sentences(n, seed)
+
+
+@pytest.mark.parametrize("where", [1, 3])
+def test_a_labelled_row_with_no_label_is_refused_naming_the_file_and_line(tmp_path, capsys, where):
+    rows = [f"{'pos' if 'cat' in s else 'neg'}\t{s}" for s in task_sentences(40)]
+    rows.insert(where - 1, "\tno label here")
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "classify", data__train_tsv=tsv, data__vocab_size=60)
+    before = snapshot(tmp_path)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert f"{tsv} line {where}: the label is empty" in line, line
+    assert unchanged(before) and not (tmp_path / "run").exists()
+
+
+def test_a_labelled_row_with_no_label_is_refused_in_validation_and_evaluation_too(tmp_path):
+    from atencion.data.text import read_labelled
+    from atencion.errors import AtencionError
+
+    tsv = tmp_path / "valid.tsv"
+    tsv.write_text("pos\tthe cat\n \tno label here\nneg\tthe dog\n", encoding="utf-8")
+    with pytest.raises(AtencionError, match=rf"{tsv} line 2: the label is empty"):
+        read_labelled(str(tsv), ["neg", "pos"])
+
+
+def test_a_first_line_taken_as_a_header_is_named_with_the_reason(tmp_path, caplog):
+    from atencion.tasks import make_task
+    from atencion.train.config import load_config
+
+    train_tsv, valid_tsv = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+    train_tsv.write_text("label\tsentence\npos\tthe cat\nneg\tthe dog\n", encoding="utf-8")
+    valid_tsv.write_text("verdict\ttext\npos\tmy cat\n", encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "classify", data__train_tsv=train_tsv, data__valid_tsv=valid_tsv)
+    with caplog.at_level("WARNING"):
+        task = make_task(load_config(config))
+    assert task.labels == ["neg", "pos"] and len(task.train_rows) == 2 and len(task.valid_rows) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{train_tsv} line 1: taken as a header" in w and "its label 'label' appears on no other line" in w
+               for w in warnings), warnings
+    assert any(f"{valid_tsv} line 1: taken as a header" in w and "its label 'verdict' is not a label" in w
+               for w in warnings), warnings
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_task(load_config(config, ["data.header=yes"]))  # asked for: nothing to say
+    assert not [r for r in caplog.records if "header" in r.getMessage()]
+
+
+def test_data_header_yes_and_no_written_plain_in_yaml_are_the_choices_yes_and_no(tmp_path):
+    from atencion.train.config import load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("task: classify\ndata: {train_tsv: t.tsv, header: yes}\n", encoding="utf-8")
+    assert load_config(config).data.header == "yes"  # YAML 1.1 reads the word as true
+    assert load_config(config, ["data.header=no"]).data.header == "no"
+    assert load_config(config, ["data.header=auto"]).data.header == "auto"
+
+
+def test_every_lm_epoch_has_a_block_when_the_text_holds_one():
+    from atencion.data.text import epoch_offset, lm_blocks
+
+    block = 64
+    for n in range(block + 1, 3 * block):
+        for seed in range(3):
+            for epoch in range(30):
+                offset = epoch_offset(seed, epoch, block, n)
+                assert lm_blocks(n, block, offset), (n, seed, epoch, offset)
+                if n >= 2 * block:  # a text of two blocks or more: the offsets it always had (exact resume)
+                    assert offset == epoch_offset(seed, epoch, block)
+
+
+def test_an_lm_text_between_one_and_two_blocks_trains_every_epoch_and_resumes(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(("to be or not to be, that is the question\n" * 3)[:99] + "\n", encoding="utf-8")
+    assert len(text.read_text(encoding="utf-8")) == 100
+    sets = [f"--set=data.train_text={text}", "--set=train.progress=false", "--set=train.tensorboard=false",
+            "--set=train.threads=1", "--set=train.valid_every=1", "--set=train.log_every=1"]
+    argv = ["train", str(ROOT / "configs" / "shakespeare_char.yaml"), "--out", str(tmp_path / "run")]
+    assert main([*argv, *sets, "--set=train.max_steps=4"]) == 0  # one block an epoch: four epochs
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 4
+    parts = ["train", str(ROOT / "configs" / "shakespeare_char.yaml"), "--out", str(tmp_path / "parts")]
+    assert main([*parts, *sets, "--set=train.max_steps=1"]) == 0
+    assert main([*parts, *sets, "--set=train.max_steps=4", "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 4
+
+
+def test_a_task_that_gives_no_batch_is_refused_in_one_line_keeping_its_checkpoints(tmp_path, capsys, monkeypatch):
+    from atencion.tasks.lm import LMTask
+
+    batches = LMTask.batches
+    monkeypatch.setattr(LMTask, "batches", lambda self, epoch: batches(self, epoch)[:2] if epoch == 0 else [])
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(100)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                         data__block_size=32, model__max_positions=32, train__max_tokens=64, train__max_steps=0,
+                         train__valid_every=0, train__max_epochs=3)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "epoch 2: task 'lm' gave no batch" in line and "step_00000002" in line, line
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_a_step_with_nothing_to_predict_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from atencion.tasks.lm import LMTask
+
+    make_batch = LMTask.make_batch
+
+    def nothing(self, indices, step, part):
+        batch = make_batch(self, indices, step, part)
+        batch.units = 0 if step == 2 else batch.units
+        return batch
+
+    monkeypatch.setattr(LMTask, "make_batch", nothing)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(100)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                         data__block_size=32, model__max_positions=32, train__valid_every=1)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "step 2: its batches hold nothing to predict" in line and "step_00000001" in line, line
+
+
+def test_mlm_lines_that_encode_to_no_piece_are_dropped_and_counted(tmp_path, capsys, caplog):
+    lines = task_sentences(300)
+    nothing = ["\ufeff", "\u200b", "\ufeff\u200b", " \u200b "] * 10  # 40 lines: SentencePiece drops these marks
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in lines[:150] + nothing + lines[150:] + nothing), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "mlm", data__train_text=text, data__vocab_size=60,
+                         train__max_tokens=64, train__max_steps=4, train__valid_every=2)
+    with caplog.at_level("WARNING"):
+        assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "train text: dropped 40 sentences with no token to mask" in " ".join(warnings), warnings
+    assert "valid text: dropped 40 sentences with no token to mask" in " ".join(warnings), warnings
+
+
+def test_a_validation_text_with_no_piece_is_refused_before_any_training(tmp_path, capsys):
+    text, valid = tmp_path / "text.txt", tmp_path / "valid.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    valid.write_text("\ufeff\n\u200b\n" * 5, encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "mlm", data__train_text=text, data__valid_text=valid,
+                         data__vocab_size=60)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "valid text: no sentence left: 10 with no token to mask (of 10 non-empty lines)" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_masking_a_batch_with_nothing_maskable_chooses_nothing():
+    from atencion.data.text import mask_tokens
+
+    ids = torch.tensor([[2, 3, 0], [2, 4, 3]])
+    inputs, targets = mask_tokens(ids, torch.zeros_like(ids, dtype=torch.bool), 4, 5, 50, 0.15,
+                                  torch.Generator().manual_seed(0))
+    assert torch.equal(inputs, ids) and not targets.any()
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_an_empty_held_out_tail_is_named_with_what_to_do(tmp_path, capsys, task):
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    extra = {"data__tokenizer": "char", "data__block_size": 32, "model__max_positions": 32} if task == "lm" else {}
+    config = task_config(tmp_path / "c.yaml", task, data__train_text=text, data__vocab_size=60,
+                         data__valid_fraction=0.00001, **extra)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "data.valid_fraction: the held-out tail (1e-05 of 300 lines of data.train_text) is empty" in line, line
+    assert "data.valid_text" in line and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_lora_takes_the_numbers_the_other_sections_take(tmp_path):
+    from atencion.errors import AtencionError
+    from atencion.nn.lora import LoraSpec
+    from atencion.train.config import load_config
+
+    assert LoraSpec.from_config({"rank": "4", "alpha": "1e1", "dropout": "1e-1"}) == \
+        LoraSpec(4, 10.0, 0.1, ["attention"])
+    assert LoraSpec.from_config({"rank": 4.0}).rank == 4
+    config = tmp_path / "c.yaml"
+    config.write_text("task: classify\ntrain:\n  init_from: somewhere\n  lora: {rank: 2, alpha: 1e1}\n",
+                      encoding="utf-8")
+    assert LoraSpec.from_config(load_config(config).train.lora).alpha == 10.0
+    for key, value, message in [("alpha", "ten", "expected a number > 0, got 'ten'"),
+                                ("alpha", ".nan", "expected a number > 0"), ("alpha", "0", "expected a number > 0"),
+                                ("rank", "2.5", "expected an integer >= 1, got '2.5'"),
+                                ("rank", True, "expected an integer >= 1, got True"),
+                                ("dropout", "1e0", r"expected a number in \[0, 1\), got '1e0'")]:
+        with pytest.raises(AtencionError, match=rf"train.lora.{key}: {message}"):
+            LoraSpec.from_config({key: value})
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny GPT (character vocabulary, 32 positions), a tiny BERT (SentencePiece with <mask>) and
+    a tiny BERT classifier (SentencePiece without <mask>)."""
+    from test_tasks import config as task_cfg
+    from test_tasks import lm_sets
+
+    tmp = tmp_path_factory.mktemp("pretrained")
+    text = tmp / "text.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    gpt = train(task_cfg(tmp, "lm", *lm_sets(text), "train.max_steps=1", "train.valid_every=1",
+                         "train.threads=1"), tmp / "gpt")
+    bert = train(task_cfg(tmp, "mlm", f"data.train_text={text}", "data.vocab_size=60", "train.max_steps=1",
+                          "train.valid_every=1", "train.threads=1"), tmp / "bert")
+    tsv = tmp / "train.tsv"
+    tsv.write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n" for s in task_sentences(100)), encoding="utf-8")
+    classifier = train(task_cfg(tmp, "classify", f"data.train_tsv={tsv}", "data.vocab_size=60", "train.max_steps=1",
+                                "train.threads=1"), tmp / "classifier")
+    return {"gpt": gpt["best_model"], "bert": bert["best_model"], "classifier": classifier["last_checkpoint"],
+            "text": text}
+
+
+@pytest.mark.parametrize("task, start, sets, message", [
+    ("mlm", "gpt", {}, "model.arch 'decoder' cannot be trained by task 'mlm'"),
+    ("lm", "bert", {}, "model.arch 'encoder' cannot be trained by task 'lm'"),
+    ("lm", "gpt", {"data__tokenizer": "char", "data__block_size": 64}, "data.block_size gives sequences of up to 64"),
+    ("classify", "bert", {"model__d_model": 64}, "model.d_model is 64 in the config but 32 in"),
+    ("mlm", "classifier", {}, "its tokenizer has no <mask>, which task 'mlm' needs"),
+])
+def test_every_init_from_refusal_names_it_and_comes_before_anything_is_written(tmp_path, capsys, pretrained,
+                                                                               task, start, sets, message):
+    data = {"classify": {"data__train_tsv": tmp_path / "train.tsv"}}.get(task, {"data__train_text": pretrained["text"]})
+    (tmp_path / "train.tsv").write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n"
+                                                for s in task_sentences(40)), encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", task, train__init_from=pretrained[start], **data, **sets)
+    before = snapshot(tmp_path, Path(pretrained[start]))
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert f"train.init_from {pretrained[start]}" in line and message in line, line
+    assert unchanged(before) and not (tmp_path / "run").exists()

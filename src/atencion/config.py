@@ -357,3 +357,23 @@ def _require_positive_int(key: str, value: Any) -> None:
 def _require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise AtencionError(f"{key} must be one of {list(choices)}, got {value!r}")
+
+
+def number(key: str, value: Any, integer: bool) -> int | float:
+    """``value`` as a finite number. YAML 1.1 reads ``3e-3`` (no dot) as a string, so strings that
+    spell a number are numbers too; an integer field takes only whole numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, "
+                                f"got {value!r}") from None
+    if not math.isfinite(value):
+        raise AtencionError(f"{key}: expected a finite number, got {value!r}")
+    if integer:
+        if value != int(value):
+            raise AtencionError(f"{key}: expected an integer, got {value!r}")
+        return int(value)
+    return float(value)

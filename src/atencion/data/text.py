@@ -11,6 +11,7 @@ checks as the parallel corpora (one line naming the file and line for each mista
 
 from __future__ import annotations
 
+import logging
 import random
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from ..errors import AtencionError
 from .corpus import CorpusError, read_lines
+
+log = logging.getLogger(__name__)
 
 
 def read_text(paths: str | list[str], key: str) -> list[str]:
@@ -45,12 +48,14 @@ def split_tail(lines: list[str], fraction: float) -> tuple[list[str], list[str]]
 
 
 def read_labelled(path: str, labels: list[str] | None = None, header: str = "auto",
-                  empty_lines: str = "skip") -> tuple[list[tuple[int, str]], list[str], int]:
+                  empty_lines: str = "skip", warn=log.warning) -> tuple[list[tuple[int, str]], list[str], int]:
     """``(label index, text)`` rows of a ``label<TAB>text`` file, the label names and the number
     of rows skipped for an empty text. Training (``labels`` None) learns the names (sorted:
     numerically when they are all integers); validation and evaluation refuse a label that
-    training did not see, naming the line. ``header``: "auto" takes the first line as a header
-    when its label is not a label of any other line (SST-2's ``label<TAB>sentence``), "yes", "no"."""
+    training did not see, naming the line. A row with an empty label is refused, naming its line.
+    ``header``: "auto" takes the first line as a header when its label is not a label of any
+    other line (SST-2's ``label<TAB>sentence``), and ``warn(message)`` hears which line and why;
+    "yes", "no"."""
     lines = read_lines(path)
     rows = []
     for number, line in enumerate(lines, start=1):
@@ -58,9 +63,22 @@ def read_labelled(path: str, labels: list[str] | None = None, header: str = "aut
         if not sep:
             raise CorpusError(f"{path} line {number}: expected label<TAB>text, found no tab")
         rows.append((label.strip(), text.strip(), number))
-    if header == "yes" or (header == "auto" and rows and rows[0][0] not in
-                           ({r[0] for r in rows[1:]} if labels is None else set(labels))):
+    if header == "yes":
         rows = rows[1:]
+    for label, _, number in rows:
+        if not label:
+            raise CorpusError(f"{path} line {number}: the label is empty; expected label<TAB>text")
+    if header == "auto" and rows:
+        first = rows[0][0]
+        if labels is None and first not in {r[0] for r in rows[1:]}:
+            reason = f"its label {first!r} appears on no other line"
+        elif labels is not None and first not in labels:
+            reason = f"its label {first!r} is not a label seen in training {labels}"
+        else:
+            reason = None
+        if reason:
+            warn(f"{path} line 1: taken as a header, not a row: {reason}")
+            rows = rows[1:]
     if labels is None:
         names = sorted({r[0] for r in rows})
         labels = sorted(names, key=int) if all(_is_int(x) for x in names) else names
@@ -104,10 +122,17 @@ def lm_blocks(n_tokens: int, block_size: int, offset: int = 0, partial: bool = F
     return blocks
 
 
-def epoch_offset(seed: int, epoch: int, block_size: int) -> int:
+def epoch_offset(seed: int, epoch: int, block_size: int, n_tokens: int | None = None) -> int:
     """Where an epoch's blocks begin: 0 first, then a reproducible shift, so that the model
-    does not see the same block boundaries every epoch."""
-    return 0 if epoch == 0 else random.Random(seed * 1_000_003 + epoch).randrange(block_size)
+    does not see the same block boundaries every epoch. Given the stream's ``n_tokens``, the
+    shift always leaves at least one block when the stream holds one (block_size + 1 tokens):
+    a shift that would leave none is folded back into the room there is (a text of two blocks
+    or more keeps every shift it had)."""
+    if epoch == 0:
+        return 0
+    shift = random.Random(seed * 1_000_003 + epoch).randrange(block_size)
+    room = None if n_tokens is None else n_tokens - block_size  # the shifts that leave a block: 0 … room − 1
+    return shift % room if room is not None and 0 < room <= shift else shift
 
 
 def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, first_regular: int, vocab_size: int,
@@ -118,12 +143,15 @@ def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, first_regular: int,
     ``probability``; a chosen token becomes ``<mask>`` (80%), a random regular token (ids from
     ``first_regular`` on, 10%) or stays (10%). Targets hold the original id at chosen positions
     and padding (0) elsewhere, so the loss counts the chosen positions only. A batch where no
-    position was chosen gets its first maskable one, so that every batch has a loss."""
+    position was chosen gets its first maskable one, so that every batch has a loss; a batch with
+    no maskable position at all (a row of no piece) comes back as it was, with no target."""
     draw = torch.rand(ids.shape, generator=generator)
     how = torch.rand(ids.shape, generator=generator)
     chosen = (draw < probability) & maskable
     if not bool(chosen.any()):
-        chosen.view(-1)[int(maskable.view(-1).nonzero()[0])] = True
+        first = maskable.reshape(-1).nonzero()
+        if first.numel():
+            chosen.view(-1)[int(first[0])] = True
     inputs = ids.clone()
     inputs[chosen & (how < 0.8)] = mask_id
     swap = chosen & (how >= 0.8) & (how < 0.9)

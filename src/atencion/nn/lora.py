@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import number
 from ..errors import AtencionError
 from .dropout import Dropout
 
@@ -65,19 +66,28 @@ class LoraSpec:
         if unknown:
             raise AtencionError(f"{where}.{unknown[0]}: unknown key; {where} takes {sorted(KEYS)}")
         spec = {**KEYS, **values}
-        rank, alpha, dropout, targets = spec["rank"], spec["alpha"], spec["dropout"], spec["targets"]
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-            raise AtencionError(f"{where}.rank: expected an integer >= 1, got {rank!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
-            raise AtencionError(f"{where}.alpha: expected a number > 0, got {alpha!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise AtencionError(f"{where}.dropout: expected a number in [0, 1), got {dropout!r}")
+
+        def checked(key: str, integer: bool, fits, expected: str) -> int | float:
+            """The value of ``key`` as the other config sections read numbers (``3e-3``, which YAML 1.1
+            reads as a string, too), refused unless it ``fits``."""
+            try:
+                value = number(key, spec[key], integer)
+            except AtencionError:
+                value = None
+            if value is None or not fits(value):
+                raise AtencionError(f"{where}.{key}: expected {expected}, got {spec[key]!r}")
+            return value
+
+        rank = checked("rank", True, lambda r: r >= 1, "an integer >= 1")
+        alpha = checked("alpha", False, lambda a: a > 0, "a number > 0")
+        dropout = checked("dropout", False, lambda p: 0 <= p < 1, "a number in [0, 1)")
+        targets = spec["targets"]
         if isinstance(targets, str):
             targets = [targets]
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
             raise AtencionError(f"{where}.targets: expected attention, ffn, all, or a list of module names or "
                                 f"patterns, got {spec['targets']!r}")
-        return cls(rank, float(alpha), float(dropout), targets)
+        return cls(rank, alpha, dropout, targets)
 
 
 KEYS = {f.name: f.default for f in fields(LoraSpec)}  # the keys of train.lora, with their defaults

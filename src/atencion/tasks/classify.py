@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 # the training side ----------------------------------------------------------------------------
 
 
+def _header(message: str) -> None:
+    """A first line taken as a header (data.header: auto), said with the key that decides it."""
+    log.warning("%s (data.header: auto; set data.header: yes or no to decide)", message)
+
+
 class ClassifyTask(Task):
     name = "classify"
 
@@ -49,12 +54,12 @@ class ClassifyTask(Task):
         d = cfg.data
         if d.train_tsv is None:
             raise AtencionError("data.train_tsv: task 'classify' reads label<TAB>text rows; set data.train_tsv")
-        self.train_rows, self.labels, skipped = read_labelled(d.train_tsv, None, d.header, d.empty_lines)
+        self.train_rows, self.labels, skipped = read_labelled(d.train_tsv, None, d.header, d.empty_lines, _header)
         if len(self.labels) < 2:
             raise AtencionError(f"{d.train_tsv}: only one label ({self.labels[0]!r}); a classifier needs two or more")
         if skipped:
             log.warning("%s: skipped %d rows with an empty text", d.train_tsv, skipped)
-        self.valid_rows = (read_labelled(d.valid_tsv, self.labels, d.header, d.empty_lines)[0]
+        self.valid_rows = (read_labelled(d.valid_tsv, self.labels, d.header, d.empty_lines, _header)[0]
                            if d.valid_tsv else None)
 
     def tokenizer_texts(self) -> list[str]:

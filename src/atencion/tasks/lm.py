@@ -32,18 +32,29 @@ log = logging.getLogger(__name__)
 # the training side ----------------------------------------------------------------------------
 
 
-def text_splits(cfg) -> tuple[list[str], list[str] | None]:
+def text_splits(cfg) -> tuple[list[str], list[str], int | None]:
     """Training and validation lines of the lm and mlm tasks: data.valid_text, or else the
-    held-out tail (data.valid_fraction) of data.train_text."""
+    held-out tail (data.valid_fraction) of data.train_text; and, for a tail, the number of lines
+    it was cut from (None: data.valid_text)."""
     d = cfg.data
     if d.train_text is None:
         raise AtencionError(f"data.train_text: task {cfg.task!r} reads plain text; set data.train_text to a file "
                             f"or a list of files")
     lines = read_text(d.train_text, "data.train_text")
     if d.valid_text is not None:
-        return lines, read_text(d.valid_text, "data.valid_text")
+        return lines, read_text(d.valid_text, "data.valid_text"), None
     train, valid = split_tail(lines, d.valid_fraction)
-    return train, valid
+    return train, valid, len(lines)
+
+
+def refuse_empty_tail(cfg, tail_of: int | None) -> None:
+    """Called when the validation text is empty: if it is the held-out tail (cut from ``tail_of``
+    lines), say that data.valid_fraction leaves nothing there and what to do (None, for
+    data.valid_text: the caller's own refusal follows)."""
+    if tail_of is not None:
+        raise AtencionError(f"data.valid_fraction: the held-out tail ({cfg.data.valid_fraction:g} of {tail_of} "
+                            f"lines of data.train_text) is empty; raise data.valid_fraction (e.g. 0.1) or give a "
+                            f"validation text in data.valid_text")
 
 
 def text_stream(lines: list[str], tokenizer: Tokenizer) -> list[int]:
@@ -92,7 +103,7 @@ class LMTask(Task):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.train_lines, self.valid_lines = text_splits(cfg)
+        self.train_lines, self.valid_lines, self.tail_of = text_splits(cfg)
 
     def tokenizer_texts(self) -> list[str]:
         if self.cfg.data.tokenizer == "char":  # the stream keeps its newlines: they are characters too
@@ -108,6 +119,7 @@ class LMTask(Task):
                                 f"one block of data.block_size={block} + 1")
         self.valid_stream = torch.tensor(text_stream(self.valid_lines, tokenizer), dtype=torch.long)
         if self.valid_stream.numel() < 2:
+            refuse_empty_tail(self.cfg, self.tail_of)
             raise AtencionError("data: the validation text has fewer than 2 tokens")
         # SentencePiece: the characters of the validation lines (with their newlines)
         self.valid_characters = None if tokenizer.kind == "char" else sum(len(x) + 1 for x in self.valid_lines)
@@ -117,7 +129,7 @@ class LMTask(Task):
     def blocks(self, epoch: int) -> list[tuple[int, int]]:
         if self._blocks is None or self._blocks[0] != epoch:
             block = self.cfg.data.block_size
-            offset = epoch_offset(self.cfg.train.seed, epoch, block)
+            offset = epoch_offset(self.cfg.train.seed, epoch, block, self.stream.numel())  # leaves a block
             self._blocks = (epoch, lm_blocks(self.stream.numel(), block, offset))
         return self._blocks[1]
 

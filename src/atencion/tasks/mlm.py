@@ -32,7 +32,7 @@ from .base import (
     register_task,
     sentence_ids,
 )
-from .lm import text_splits
+from .lm import refuse_empty_tail, text_splits
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +40,36 @@ log = logging.getLogger(__name__)
 # the training side ----------------------------------------------------------------------------
 
 
-def encode_sentences(lines: list[str], tokenizer: Tokenizer, max_len: int, name: str) -> list[list[int]]:
+def encode_sentences(lines: list[str], tokenizer: Tokenizer, max_len: int, name: str,
+                     masker: Masker | None = None) -> list[list[int]]:
     """``<s> pieces </s>`` for each non-empty line (BERT's [CLS] … [SEP]); lines longer than
-    ``max_len`` pieces are dropped and counted."""
-    out, dropped = [], 0
+    ``max_len`` pieces are dropped and counted, and so are lines with no piece to mask (no piece
+    at all: only characters the tokenizer drops, such as U+FEFF or U+200B; or, given the
+    ``masker``, none it may choose)."""
+    out, dropped, nothing, lines_in = [], 0, 0, 0
     for line in lines:
         if not line.strip():
             continue
+        lines_in += 1
         ids = tokenizer.encode(line.strip())
+        if not (masker.can_mask(ids) if masker is not None else ids):
+            nothing += 1
+            continue
         if len(ids) > max_len:
             dropped += 1
             continue
         out.append([BOS_ID, *ids, EOS_ID])
     if dropped:
         log.warning("%s: dropped %d sentences longer than data.max_len=%d tokens", name, dropped, max_len)
-    if not out:
+    if nothing:
+        log.warning("%s: dropped %d sentences with no token to mask (only characters the tokenizer drops, such as "
+                    "U+FEFF or U+200B)", name, nothing)
+    if not out and not nothing:
         raise AtencionError(f"{name}: no sentence of at most data.max_len={max_len} tokens")
+    if not out:
+        counts = [f"{dropped} longer than data.max_len={max_len} tokens"] if dropped else []
+        counts.append(f"{nothing} with no token to mask")
+        raise AtencionError(f"{name}: no sentence left: {' and '.join(counts)} (of {lines_in} non-empty lines)")
     return out
 
 
@@ -68,6 +82,10 @@ class Masker:
             raise AtencionError("masked language modelling needs a vocabulary with <mask>; this tokenizer has none")
         self.mask_id, self.vocab_size, self.probability = tokenizer.mask_id, tokenizer.vocab_size, probability
         self.first_regular = max(EOS_ID, self.mask_id) + 1
+
+    def can_mask(self, ids: list[int]) -> bool:
+        """Whether a sentence's pieces hold one that masking may choose."""
+        return any(i >= self.first_regular or i == UNK_ID for i in ids)
 
     def __call__(self, rows: list[list[int]], generator: torch.Generator) -> tuple[Tensor, Tensor]:
         ids = pad_rows(rows)
@@ -82,7 +100,7 @@ class MLMTask(Task):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.train_lines, self.valid_lines = text_splits(cfg)
+        self.train_lines, self.valid_lines, self.tail_of = text_splits(cfg)
 
     def tokenizer_texts(self) -> list[str]:
         return self.train_lines
@@ -91,8 +109,10 @@ class MLMTask(Task):
         self.tokenizer = tokenizer
         self.masker = Masker(tokenizer, self.cfg.data.mask_probability)
         max_len = self.cfg.data.max_len
-        self.examples = encode_sentences(self.train_lines, tokenizer, max_len, "train text")
-        self.valid_examples = encode_sentences(self.valid_lines, tokenizer, max_len, "valid text")
+        self.examples = encode_sentences(self.train_lines, tokenizer, max_len, "train text", self.masker)
+        if not any(line.strip() for line in self.valid_lines):
+            refuse_empty_tail(self.cfg, self.tail_of)
+        self.valid_examples = encode_sentences(self.valid_lines, tokenizer, max_len, "valid text", self.masker)
         self._lengths = [(len(e), 0) for e in self.examples]
 
     def lengths(self):

@@ -6,7 +6,6 @@ configs/reference.yaml documents every key and its default.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 
 from ..config import ModelConfig
+from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
 from ..nn.lora import LoraSpec
@@ -156,6 +156,8 @@ SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
 # the task from the config's task: key.
 MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
     "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels", "task"}
+# Choices spelled yes and no beside other words ("auto"), which YAML 1.1 reads as true and false.
+YES_NO = {"data.header"}
 # What a model started from train.init_from may change (regularisation and the new head); any
 # other model key the config gives must agree with the model it starts from.
 INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
@@ -249,31 +251,13 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
         for key, value in values.items():
             if key not in fields:
                 raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
+            if f"{name}.{key}" in YES_NO and isinstance(value, bool):  # YAML 1.1 reads yes and no as booleans
+                value = "yes" if value else "no"
             values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
         sections[name] = cls(**values)
     cfg = TrainConfig(task=task, model=model, **sections)
     _validate(cfg, source)
     return cfg
-
-
-def _number(key: str, value: Any, integer: bool) -> int | float:
-    """``value`` as a finite number. YAML 1.1 reads ``3e-3`` (no dot) as a string, so strings that
-    spell a number are numbers too; an integer field takes only whole numbers."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, got {value!r}")
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise AtencionError(f"{key}: expected {'an integer' if integer else 'a number'}, "
-                                f"got {value!r}") from None
-    if not math.isfinite(value):
-        raise AtencionError(f"{key}: expected a finite number, got {value!r}")
-    if integer:
-        if value != int(value):
-            raise AtencionError(f"{key}: expected an integer, got {value!r}")
-        return int(value)
-    return float(value)
 
 
 def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:

@@ -32,7 +32,7 @@ from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
-from ..tasks import make_task
+from ..tasks import Task, make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import OptimConfig, TrainConfig, dump_config, load_config
 from .schedule import learning_rate
@@ -84,8 +84,10 @@ class Start:
     shape: ModelConfig | None = None    # a fine-tuning run (also on --resume): the model whose shape it keeps
 
 
-def resolve_start(cfg: TrainConfig, checkpoint: Path | None) -> Start:
-    """Where the run starts: ``checkpoint`` (--resume), the trained model of train.init_from, or nothing."""
+def resolve_start(cfg: TrainConfig, checkpoint: Path | None, task: Task | None = None) -> Start:
+    """Where the run starts: ``checkpoint`` (--resume), the trained model of train.init_from, or nothing.
+    Given the run's ``task`` (its data read), a model of train.init_from is checked against it and
+    the config here, before anything is written (``_check_init_from``)."""
     t = cfg.train
     if checkpoint is not None:  # the model as saved, its adapters unmerged: they train on
         model, tokenizer = load_model_dir(checkpoint, what="checkpoint", merge=False)
@@ -97,6 +99,8 @@ def resolve_start(cfg: TrainConfig, checkpoint: Path | None) -> Start:
     model, tokenizer = load_model_dir(t.init_from, what="train.init_from")
     if t.lora is not None:
         _check_lora_base(model, cfg)
+    if task is not None:
+        _check_init_from(cfg, task, model.cfg, tokenizer)
     return Start(model, tokenizer, shape=model.cfg)
 
 
@@ -130,7 +134,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.task = make_task(cfg)  # the task's data, read
         self._remove_stale_temporaries()
-        start = resolve_start(cfg, checkpoint)  # resume, train.init_from or fresh
+        start = resolve_start(cfg, checkpoint, self.task)  # resume, train.init_from (checked) or fresh
         self.tokenizer = self._tokenizer(start)
         self.task.encode(self.tokenizer)
         tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies, or init_from's shape
@@ -240,6 +244,8 @@ class Trainer:
         group is completed with the epoch's first batches so every process has work."""
         t = self.cfg.train
         batches = self.task.batches(epoch)
+        if not batches:  # a task's data always gives one; if it ever does not, say so rather than crash
+            raise AtencionError(f"epoch {epoch + 1}: task {self.cfg.task!r} gave no batch to train on")
         size = t.accum_steps * self.dist.world
         groups = [batches[i: i + size] for i in range(0, len(batches), size)]
         if len(groups[-1]) < size:
@@ -252,6 +258,9 @@ class Trainer:
         batches = [self.task.make_batch(b, step, part) for part, b in enumerate(group)]
         total_units = sum(b.units for b in batches)  # every process knows the whole group
         total_tokens = sum(b.tokens for b in batches)
+        if total_units == 0:  # the loss is averaged over the units: there must be one
+            raise AtencionError(f"step {step}: its batches hold nothing to predict (no target token, masked "
+                                f"token or sentence) for task {self.cfg.task!r}")
         mine = batches[self.dist.rank:: self.dist.world]
         self.model.train()
         loss_sum = nll_sum = 0.0
@@ -501,6 +510,19 @@ def _check_lora_base(start: Model, cfg: TrainConfig) -> None:
                             f"weights: fold its adapters in first (atencion merge-lora --model {init_from} "
                             f"--out DIR) and start from DIR")
     select_targets(start, LoraSpec.from_config(cfg.train.lora))
+
+
+def _check_init_from(cfg: TrainConfig, task: Task, start: ModelConfig, tokenizer: Tokenizer) -> None:
+    """Before anything is written: the model of train.init_from fits the run (its shape against the
+    model section, its arch and positions against the task and the data: ``model_config``, which
+    the run calls again to build it), and its tokenizer holds the symbols the task needs (mlm:
+    <mask>). Every refusal names train.init_from and its path."""
+    cfg.model_config(tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size,
+                     task.model_values(), start=start)
+    missing = [symbol for symbol in task.symbols if tokenizer.piece(tokenizer.src.piece_to_id(symbol)) != symbol]
+    if missing:
+        raise AtencionError(f"train.init_from {cfg.train.init_from}: its tokenizer has no {missing[0]}, which task "
+                            f"{cfg.task!r} needs; start from a model whose vocabulary has it")
 
 
 def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:
