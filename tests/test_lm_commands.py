@@ -20,6 +20,7 @@ from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from atencion.decode.sample import generate_ids
+from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
@@ -317,6 +318,44 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(models, tmp_path, capsys, co
     status, out, err = run(argv, capsys)
     assert status == 2 and out == "", (out, err)
     assert err.count("\n") == 1 and "Traceback" not in err and message in err, err
+
+
+# text the model cannot read: not UTF-8, no token, characters a character vocabulary lacks --------
+
+
+NOT_UTF8 = b"\xff ok".decode("utf-8", "surrogateescape")  # what sys.argv holds for $'\xff ok'
+
+
+@pytest.mark.parametrize("command, option", [
+    ("generate --model GPT --prompt TEXT", "--prompt"),
+    ("generate --model GPT_SP --prompt TEXT", "--prompt"),
+    ("fill-mask --model BERT --text TEXT", "--text"),
+    ("fill-mask --model BERT_CHAR --text TEXT", "--text"),
+    ("attention --model GPT --text TEXT --out OUT", "--text"),
+    ("attention --model GPT_SP --text TEXT --out OUT", "--text"),
+    ("attention --model BERT_CHAR --text TEXT --out OUT", "--text"),
+    ("attention --model TRANSLATOR --src TEXT --out OUT", "--src"),
+    ("attention --model TRANSLATOR --src the_cat --tgt TEXT --out OUT", "--tgt"),
+])
+def test_a_text_argument_that_is_not_utf8_is_one_line_naming_it_and_nothing_is_written(models, tmp_path, capsys,
+                                                                                        command, option):
+    places = {"GPT": models["gpt"], "GPT_SP": models["gpt-sp"], "BERT": models["bert"],
+              "BERT_CHAR": models["bert-char"], "TRANSLATOR": models["translator"],
+              "TEXT": f"{NOT_UTF8} {MASK}", "OUT": str(tmp_path / "maps")}
+    status, out, err = run([places.get(word, word.replace("_", " ")) for word in command.split()], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == (f"atencion {command.split()[0]}: error: {option}: not valid UTF-8 (byte 0xff at character 1); "
+                   f"give the text in UTF-8\n")
+    assert not (tmp_path / "maps").exists()
+
+
+def test_the_library_refuses_text_that_is_not_unicode_naming_where_it_came_from(loaded):
+    with pytest.raises(AtencionError, match=r"^--prompt: not valid UTF-8 \(byte 0xff at character 1\)"):
+        generate_text(*loaded["gpt"], NOT_UTF8, 3)
+    with pytest.raises(AtencionError, match=r"^--text: not valid Unicode \(a lone surrogate U\+D800 at character 5\)"):
+        fill_mask(*loaded["bert"], f"the \ud800 {MASK}")
+    with pytest.raises(AtencionError, match=r"^--input line 2: not valid UTF-8 \(byte 0xff at character 1\)"):
+        classify_probabilities(*loaded["classifier"], ["the cat", NOT_UTF8])
 
 
 # the server -------------------------------------------------------------------------------------

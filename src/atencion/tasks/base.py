@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..data.batching import token_batches
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..nn.positional import position_limit as positions_of
 
@@ -209,12 +209,12 @@ def pad_rows(rows: list[list[int]]) -> Tensor:
 def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int = 0,
                  where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[list[int]]:
     """``<s> pieces </s>`` of each stripped text (as the mlm and classify tasks read their data),
-    refusing one of more than ``max_tokens`` pieces (0: no limit) or beyond a learned position
-    table, named by ``where(index)``."""
+    refusing one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces
+    (0: no limit) or beyond a learned position table, named by ``where(index)``."""
     limit = position_limit(model)
     out = []
     for i, text in enumerate(texts):
-        ids = [BOS_ID, *tokenizer.encode(text.strip()), EOS_ID]
+        ids = [BOS_ID, *tokenizer.encode(check_text(text, where(i)).strip()), EOS_ID]
         if max_tokens and len(ids) - 2 > max_tokens:
             raise AtencionError(f"{where(i)}: {len(ids) - 2} tokens, more than the limit of {max_tokens}")
         if limit is not None and len(ids) > limit:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
-from ..data.tokenizer import EOS_ID, Tokenizer
+from ..data.tokenizer import EOS_ID, Tokenizer, check_text
 from ..decode.sample import check_sampling, generate_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
@@ -181,9 +181,10 @@ def render(tokenizer: Tokenizer, ids: list[int]) -> str:
 
 
 def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
-    """The prompt's ids, refused in one line naming ``what`` when the prompt alone does not fit in
-    a learned position table (past it, generation reads the last ``max_positions`` tokens)."""
-    ids = prompt_ids(tokenizer, prompt)
+    """The prompt's ids, refused in one line naming ``what`` when the prompt is not valid Unicode
+    (``check_text``) or alone does not fit in a learned position table (past it, generation reads
+    the last ``max_positions`` tokens)."""
+    ids = prompt_ids(tokenizer, check_text(prompt, what))
     limit = position_limit(model)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "
@@ -284,11 +285,14 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
 
 
 def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int | None = None,
-                batch_tokens: int = 4096) -> dict:
+                batch_tokens: int = 4096, what: str = "--text") -> dict:
     """Loss (nats per token), perplexity and bits per character of a language model on ``lines``
     (``lm_scores`` on their ``text_stream``), in non-overlapping blocks of ``block_size`` tokens
-    (default: the model's ``max_positions``)."""
+    (default: the model's ``max_positions``). A line that is not valid Unicode is refused, naming
+    it as line N of ``what``."""
     check_model(model, tokenizer, "generate")
+    for number, line in enumerate(lines, start=1):
+        check_text(line, f"{what} line {number}")
     limit = position_limit(model)
     block_size = block_size or model.cfg.max_positions
     if limit is not None and block_size > limit:
@@ -307,7 +311,7 @@ def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     need_file(path, "--text")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
     batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens)
+    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens, path)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "text": path}
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import mask_tokens
-from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -146,8 +146,9 @@ def token_text(tokenizer: Tokenizer, i: int) -> str:
 
 def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[int]:
     """``<s> pieces </s>`` of ``text`` with ``<mask>`` where the text says ``<mask>``: the pieces
-    between the masks are encoded on their own."""
-    if MASK not in text:
+    between the masks are encoded on their own. Text that is not valid Unicode is refused
+    (``check_text``), naming ``what``."""
+    if MASK not in check_text(text, what):
         raise AtencionError(f"{what}: no {MASK} in the text; write {MASK} where a token should be predicted")
     ids = [BOS_ID]
     for number, part in enumerate(text.strip().split(MASK)):
