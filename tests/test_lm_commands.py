@@ -19,7 +19,7 @@ from atencion.cli import main
 from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
-from atencion.decode.sample import generate_ids
+from atencion.decode.sample import check_sampling, choose_next, generate_ids
 from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
@@ -356,6 +356,27 @@ def test_the_library_refuses_text_that_is_not_unicode_naming_where_it_came_from(
         fill_mask(*loaded["bert"], f"the \ud800 {MASK}")
     with pytest.raises(AtencionError, match=r"^--input line 2: not valid UTF-8 \(byte 0xff at character 1\)"):
         classify_probabilities(*loaded["classifier"], ["the cat", NOT_UTF8])
+
+
+def test_a_temperature_that_is_0_in_float32_is_greedy_and_such_a_top_p_is_refused_naming_it(models, loaded, capsys):
+    model, tokenizer = loaded["gpt"]
+    base = ["generate", "--model", models["gpt"], "--prompt", "the", "--max-new-tokens", "12", "--seed", "3"]
+    greedy = run(base + ["--temperature", "0"], capsys)
+    assert greedy[0] == 0
+    for temperature in ("1e-300", "1e-46"):
+        assert run(base + ["--temperature", temperature], capsys) == greedy
+        assert generate_text(model, tokenizer, "the", 12, float(temperature)) == \
+            generate_text(model, tokenizer, "the", 12, 0.0)
+    for top_p in ("1e-50", "1e-300"):
+        status, out, err = run(base + ["--top-p", top_p], capsys)
+        assert status == 2 and out == "", (out, err)
+        assert err == (f"atencion generate: error: --top-p must be in (0, 1], got {float(top_p)!r}, which is 0 in "
+                       f"float32 (the precision the sampler computes in)\n")
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(choose_next(logits, 1e-300), logits.argmax(-1))
+    with pytest.raises(AtencionError, match=r"^--top-p must be in \(0, 1\], got 1e-50"):
+        check_sampling(1.0, 0, 1e-50)
+    check_sampling(1e-300, 0, 1.0)
 
 
 # the server -------------------------------------------------------------------------------------

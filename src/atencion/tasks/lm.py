@@ -196,8 +196,8 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
                   on_text: Callable[[int, str], None] | None = None, what: str = "--prompt") -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
-    batch) as ``decode/sample.py`` says (``temperature`` 0 or ``top_k`` 1: greedy), each
-    ``max_new_tokens`` tokens long; the text after the prompt, without it.
+    batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
+    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it.
 
     ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
@@ -249,7 +249,9 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     is a terminal); several are drawn together and written when done. With ``input`` each line of
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
-    '--- line N, sample K ---'. Every prompt is checked before anything is generated."""
+    '--- line N, sample K ---'. The settings and every prompt are checked before anything is
+    written."""
+    check_sampling(temperature, top_k, top_p)
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
