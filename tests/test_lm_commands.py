@@ -295,6 +295,7 @@ def bad_cases():
                                                                              "than the limit of 3"),
         ("evaluate --model CLASSIFIER --tsv NO_TAB", "line 2: expected label<TAB>text, found no tab"),
         ("evaluate --model CLASSIFIER --tsv UNSEEN", "line 3: label 'maybe' was not seen in training"),
+        ("evaluate --model CLASSIFIER --tsv HEADED --max-input-tokens 3", "headed.tsv line 3: 9 tokens, more than"),
         ("evaluate --model GPT --text PROMPTS --src PROMPTS", "--src is for a translator"),
         ("evaluate --model GPT --tsv PROMPTS", "--tsv is for a classifier"),
         ("evaluate --model BERT --text PROMPTS --block-size 8", "--block-size is for a language model"),
@@ -311,9 +312,11 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(models, tmp_path, capsys, co
     (tmp_path / "prompts.txt").write_text("a cat\nthe dog\n")
     (tmp_path / "no-tab.tsv").write_text("pos\tthe cat\nneg the dog\n")
     (tmp_path / "unseen.tsv").write_text("pos\tthe cat\nneg\tthe dog\nmaybe\tthe bird\n")
+    (tmp_path / "headed.tsv").write_text("label\tsentence\npos\tthe cat\nneg\tthe cat sat on the mat\n")
     places = {"GPT": models["gpt"], "BERT": models["bert"], "CLASSIFIER": models["classifier"],
               "TRANSLATOR": models["translator"], "PROMPTS": str(tmp_path / "prompts.txt"),
-              "NO_TAB": str(tmp_path / "no-tab.tsv"), "UNSEEN": str(tmp_path / "unseen.tsv"), "LONG": "ab" * 40}
+              "NO_TAB": str(tmp_path / "no-tab.tsv"), "UNSEEN": str(tmp_path / "unseen.tsv"),
+              "HEADED": str(tmp_path / "headed.tsv"), "LONG": "ab" * 40}
     argv = [places.get(word, word.replace("_", " ")) for word in command.split()]
     status, out, err = run(argv, capsys)
     assert status == 2 and out == "", (out, err)
@@ -377,6 +380,50 @@ def test_a_temperature_that_is_0_in_float32_is_greedy_and_such_a_top_p_is_refuse
     with pytest.raises(AtencionError, match=r"^--top-p must be in \(0, 1\], got 1e-50"):
         check_sampling(1.0, 0, 1e-50)
     check_sampling(1e-300, 0, 1.0)
+
+
+def test_a_prompt_that_encodes_to_no_token_says_so_before_anything_is_written(models, loaded, tmp_path, capsys):
+    status, out, err = run(["generate", "--model", models["gpt-sp"], "--prompt", "\u200b "], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == ("atencion generate: error: --prompt encodes to no token: this tokenizer drops each of its "
+                   "characters ('\\u200b', ' '); give text it reads (an empty prompt starts a new line)\n")
+    (tmp_path / "prompts.txt").write_text("the cat\n\ufeff\n", encoding="utf-8")
+    status, out, err = run(["generate", "--model", models["gpt-sp"], "--input", str(tmp_path / "prompts.txt")],
+                           capsys)
+    assert status == 2 and out == "" and err.startswith("atencion generate: error: --input line 2 encodes to no "
+                                                        "token: "), (out, err)
+    with pytest.raises(AtencionError, match="^--prompt encodes to no token"):
+        generate_text(*loaded["gpt-sp"], "\ufeff", 3)
+
+
+def test_evaluate_tsv_names_the_file_line_of_a_row_past_the_header_and_the_rows_left_out(models, tmp_path, capsys):
+    path = tmp_path / "dev.tsv"
+    path.write_text("label\tsentence\npos\tthe cat\nneg\t\npos\tthe cat sat on the mat\n")
+    status, out, err = run(["evaluate", "--model", models["classifier"], "--tsv", str(path), "--max-input-tokens",
+                            "3"], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err.splitlines()[0] == f"atencion evaluate: warning: {path}: left out 1 rows with an empty text"
+    assert err.splitlines()[1].startswith(f"atencion evaluate: error: --tsv {path} line 4: ")
+    assert len(err.splitlines()) == 2 and "more than the limit of 3" in err
+
+
+def test_evaluate_an_mlm_leaves_out_and_counts_lines_that_encode_to_no_token(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["bert"]
+    path = tmp_path / "test.txt"
+    path.write_text("\n".join(LINES[:4] + ["\ufeff", LINES[4], "\u200b", ""]) + "\n", encoding="utf-8")
+    status, out, err = run(["evaluate", "--model", models["bert"], "--text", str(path)], capsys)
+    assert status == 0, err
+    assert err == f"atencion evaluate: warning: {path}: left out 2 lines with no token to mask: lines 5, 7\n"
+    result = json.loads(out)
+    expected = evaluate_mlm(model, tokenizer, LINES[:5])
+    assert result["no_token_lines"] == 2 and expected["no_token_lines"] == 0
+    assert {k: result[k] for k in expected if k != "no_token_lines"} == \
+        {k: v for k, v in expected.items() if k != "no_token_lines"}
+    (tmp_path / "none.txt").write_text("\ufeff\n\n\u200b\n", encoding="utf-8")
+    status, out, err = run(["evaluate", "--model", models["bert"], "--text", str(tmp_path / "none.txt")], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == (f"atencion evaluate: error: {tmp_path / 'none.txt'}: no sentence; every line is empty or "
+                   f"has no token to mask\n")
 
 
 # the server -------------------------------------------------------------------------------------

@@ -224,6 +224,12 @@ def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int 
     return out
 
 
+def listing(items: list, limit: int = 10) -> str:
+    """The first ``limit`` of ``items``, joined by commas, and how many more there are."""
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def position_limit(model) -> int | None:
     """How many positions the model can read (nn/positional.py): a learned table's rows, or None
     (sinusoids and relative positions extend without limit)."""

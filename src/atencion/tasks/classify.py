@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
-from ..data.text import read_labelled
+from ..data.text import read_labelled, read_labelled_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
@@ -193,13 +193,17 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
 
 
 def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]], batch_tokens: int = 4096,
-                        max_tokens: int = 0, what: str = "--tsv") -> dict:
+                        max_tokens: int = 0, what: str = "--tsv", lines: list[int] | None = None) -> dict:
     """Accuracy, loss and the confusion matrix (rows: true label, columns: predicted) of a
     classifier on ``rows`` of (label index, text); a text of more than ``max_tokens`` pieces (0:
-    no limit) is refused, naming its row."""
+    no limit) is refused, naming its row: line ``lines[i]`` of ``what`` (the file line numbers
+    ``read_labelled_lines`` gives), or else row i + 1."""
     check_model(model, tokenizer, "classify")
-    examples = sentence_ids(model, tokenizer, [text for _, text in rows], max_tokens,
-                            lambda i: f"{what} row {i + 1}")
+
+    def where(i: int) -> str:
+        return f"{what} line {lines[i]}" if lines is not None else f"{what} row {i + 1}"
+
+    examples = sentence_ids(model, tokenizer, [text for _, text in rows], max_tokens, where)
     with evaluating(model):
         scores = classify_scores(model, examples, [label for label, _ in rows], batch_tokens, model_device(model))
     return {**scores, "labels": label_names(model)}
@@ -211,12 +215,12 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
     path = options["tsv"]
     need_file(path, "--tsv")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
-    rows, _, skipped = read_labelled(path, label_names(loaded))
+    rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
     if skipped and warn is not None:
         warn(f"{path}: left out {skipped} rows with an empty text")
     batch_tokens = options.get("batch_tokens", 4096)
     scores = evaluate_classifier(loaded, tokenizer, rows, batch_tokens, options.get("max_input_tokens", 1024),
-                                 f"--tsv {path}")
+                                 f"--tsv {path}", lines)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "tsv": path}
 

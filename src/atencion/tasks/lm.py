@@ -24,7 +24,17 @@ from ..decode.sample import check_sampling, generate_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, check_model, evaluating, model_device, position_limit, register_task
+from .base import (
+    Task,
+    TaskBatch,
+    TaskSpec,
+    check_model,
+    evaluating,
+    listing,
+    model_device,
+    position_limit,
+    register_task,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +192,14 @@ def render(tokenizer: Tokenizer, ids: list[int]) -> str:
 
 def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
     """The prompt's ids, refused in one line naming ``what`` when the prompt is not valid Unicode
-    (``check_text``) or alone does not fit in a learned position table (past it, generation reads
-    the last ``max_positions`` tokens)."""
+    (``check_text``), encodes to no token (the tokenizer drops each of its characters) or alone
+    does not fit in a learned position table (past it, generation reads the last
+    ``max_positions`` tokens)."""
     ids = prompt_ids(tokenizer, check_text(prompt, what))
+    if not ids:
+        raise AtencionError(f"{what} encodes to no token: this tokenizer drops each of its characters "
+                            f"({listing([repr(c) for c in dict.fromkeys(prompt)])}); give text it reads (an empty "
+                            f"prompt starts a new line)")
     limit = position_limit(model)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "

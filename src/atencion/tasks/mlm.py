@@ -26,6 +26,7 @@ from .base import (
     TaskSpec,
     check_model,
     evaluating,
+    listing,
     model_device,
     pad_rows,
     position_limit,
@@ -199,21 +200,31 @@ def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False,
 
 def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: int = 4096, max_tokens: int = 1024,
                  seed: int = 0, probability: float = 0.15, what: str = "--text",
-                 count_from: list[str] | None = None) -> dict:
+                 count_from: list[str] | None = None, warn=None) -> dict:
     """Masked-token loss, perplexity and accuracy of a masked language model on the non-empty
     ``lines`` (``mlm_scores``: ``probability`` of the tokens masked as in training, drawn from
     ``seed``, so the same positions every time), beside the accuracy on the same positions of
     always guessing the most frequent token of ``count_from`` (the training text, when known),
     or else of these lines themselves: a baseline that has peeked at the test text's token
     counts. A line of more than ``max_tokens`` pieces (or beyond a learned position table) is
-    refused, naming it."""
+    refused, naming it. A line with no token to mask (only characters the tokenizer drops, such
+    as U+FEFF or U+200B) is left out, as an empty line is, and counted (``no_token_lines``;
+    ``warn(message)``, by default a logging warning, names them)."""
     check_model(model, tokenizer, "fill-mask")
     numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
     if not numbers:
         raise AtencionError(f"{what}: no sentence; the text has only empty lines")
-    examples = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
-                            lambda i: f"{what} line {numbers[i]}")
+    encoded = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
+                           lambda i: f"{what} line {numbers[i]}")
     masker = Masker(tokenizer, probability)
+    has_token = [any(i >= masker.first_regular or i == UNK_ID for i in e) for e in encoded]  # the maskable
+    examples = [e for e, keep in zip(encoded, has_token) if keep]
+    left_out = [n for n, keep in zip(numbers, has_token) if not keep]
+    if not examples:
+        raise AtencionError(f"{what}: no sentence; every line is empty or has no token to mask")
+    if left_out:
+        (warn or log.warning)(f"{what}: left out {len(left_out)} lines with no token to mask: lines "
+                              f"{listing(left_out)}")
     device = model_device(model)
     with evaluating(model):
         scores = mlm_scores(model, masker, examples, batch_tokens, device, seed)
@@ -225,8 +236,8 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     for group in token_batches([(len(e), 0) for e in examples], batch_tokens, seed=None):
         _, targets = masker([examples[i] for i in group], generator)
         right += int((targets[targets != PAD_ID] == guess).sum())
-    return {**scores, "sentences": len(examples), "mask_probability": probability, "seed": seed,
-            "most_frequent_token": token_text(tokenizer, guess),
+    return {**scores, "sentences": len(examples), "no_token_lines": len(left_out), "mask_probability": probability,
+            "seed": seed, "most_frequent_token": token_text(tokenizer, guess),
             "most_frequent_token_accuracy": right / scores["masked"]}
 
 
@@ -237,7 +248,7 @@ def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
     batch_tokens = options.get("batch_tokens", 4096)
     scores = evaluate_mlm(loaded, tokenizer, read_lines(path), batch_tokens, options.get("max_input_tokens", 1024),
-                          what=path)
+                          what=path, warn=warn)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "text": path}
 
