@@ -426,6 +426,52 @@ def test_evaluate_an_mlm_leaves_out_and_counts_lines_that_encode_to_no_token(mod
                    f"has no token to mask\n")
 
 
+UNSEEN = "'ß', '€'"
+
+
+@pytest.mark.parametrize("command, warning", [
+    ("generate --model GPT --prompt the_ß€_cat --max-new-tokens 2", f"--prompt: 2 characters not in the "
+                                                                    f"vocabulary, read as <unk>: {UNSEEN}"),
+    ("generate --model GPT --input TEXT --max-new-tokens 2 --num-samples 2",
+     f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} (first on line 2)"),
+    ("fill-mask --model BERT_CHAR --text ß_<mask>_€", f"--text: 2 characters not in the vocabulary, read as <unk>: "
+                                                      f"{UNSEEN}"),
+    ("classify --model GPT_CLASSIFIER --input TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: "
+                                                     f"{UNSEEN} (first on line 2)"),
+    ("evaluate --model GPT --text TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} "
+                                         f"(first on line 2)"),
+    ("evaluate --model BERT_CHAR --text TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} "
+                                               f"(first on line 2)"),
+    ("evaluate --model GPT_CLASSIFIER --tsv TSV", f"--tsv TSV: 2 characters not in the vocabulary, read as <unk>: "
+                                                  f"{UNSEEN} (first on line 3)"),
+])
+def test_a_character_model_warns_once_of_characters_not_in_its_vocabulary(models, tmp_path, capsys, command,
+                                                                           warning):
+    (tmp_path / "text.txt").write_text("the cat sat\nthe ß sat\nmy € and ß\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("label\ttext\npos\tthe cat\nneg\tthe ß\npos\tmy € and ß\n", encoding="utf-8")
+    places = {"GPT": models["gpt"], "BERT_CHAR": models["bert-char"], "GPT_CLASSIFIER": models["gpt-classifier"],
+              "TEXT": str(tmp_path / "text.txt"), "TSV": str(tmp_path / "dev.tsv")}
+    status, out, err = run([places.get(word, word.replace("_", " ")) for word in command.split()], capsys)
+    assert status == 0 and out, err
+    warning = warning.replace("TEXT", places["TEXT"]).replace("TSV", places["TSV"])
+    assert err == f"atencion {command.split()[0]}: warning: {warning}\n"
+
+
+def test_the_library_logs_characters_a_character_vocabulary_lacks_once(loaded, caplog):
+    with caplog.at_level("WARNING"):
+        generate_text(*loaded["gpt"], "ß ok €", 3, num_samples=2)
+        fill_mask(*loaded["bert-char"], f"ß {MASK}")
+        classify_lines(*loaded["gpt-classifier"], ["ok", "€ ß", "ß"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--prompt: 2 characters not in the vocabulary, read as <unk>: {UNSEEN}",
+        "--text: 1 character not in the vocabulary, read as <unk>: 'ß'",
+        "--input: 2 characters not in the vocabulary, read as <unk>: '€', 'ß' (first on line 2)"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        generate_text(*loaded["gpt-sp"], "ß ok €", 3)  # SentencePiece: not a character vocabulary
+    assert caplog.records == []
+
+
 # the server -------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ exactly.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..nn.positional import position_limit as positions_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,36 @@ def listing(items: list, limit: int = 10) -> str:
     """The first ``limit`` of ``items``, joined by commas, and how many more there are."""
     shown = ", ".join(str(item) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=None,
+                lines: list[int] | None = None) -> None:
+    """Warn once, by ``warn(message)`` (default: a logging warning), of the characters of
+    ``texts`` that a character vocabulary lacks and so reads as ``<unk>``: how many, which (in the
+    order they first appear), named by ``what`` and, for a list of texts, the line of the first
+    text holding one (``lines``: the texts' line numbers; default 1, 2, ...). Nothing for
+    SentencePiece, whose pieces cover what its training text held."""
+    if tokenizer.kind != "char":
+        return
+    many = not isinstance(texts, str)
+    texts = list(texts) if many else [texts]
+    known = tokenizer.src.ids
+    missing = set().union(*texts).difference(known)
+    if not missing:
+        return
+    seen: dict[str, None] = {}
+    first = None
+    for k, text in enumerate(texts):
+        for char in text:
+            if char in missing and char not in seen:
+                seen[char] = None
+                first = k if first is None else first
+        if len(seen) == len(missing):
+            break
+    n = len(seen)
+    where = f" (first on line {lines[first] if lines is not None else first + 1})" if many else ""
+    (warn or log.warning)(f"{what}: {n} character{'' if n == 1 else 's'} not in the vocabulary, read as <unk>: "
+                          f"{listing([repr(c) for c in seen])}{where}")
 
 
 def position_limit(model) -> int | None:

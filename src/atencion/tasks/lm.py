@@ -34,6 +34,7 @@ from .base import (
     model_device,
     position_limit,
     register_task,
+    warn_unseen,
 )
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,8 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
 
 def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
-                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt") -> list[str]:
+                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt",
+                  warn=None) -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
     batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
     greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it.
@@ -217,12 +219,14 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
     ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
     growing ids are decoded whole and the new end of the text is handed on, so that SentencePiece's
-    word boundaries come out as in the final text."""
+    word boundaries come out as in the final text. Characters a character vocabulary lacks (read
+    as ``<unk>``) are named once by ``warn(message)``, by default a logging warning."""
     check_model(model, tokenizer, "generate")
     check_sampling(temperature, top_k, top_p)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise AtencionError(f"--num-samples must be a positive integer, got {num_samples!r}")
     ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what)
+    warn_unseen(tokenizer, prompt, what, warn)
     device = model_device(model)
     generator = torch.Generator(device)
     if seed is None:
@@ -265,7 +269,8 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
     '--- line N, sample K ---'. The settings and every prompt are checked before anything is
-    written."""
+    written. ``warn(message)`` hears of bytes of ``input`` that are not UTF-8 (replaced) and, once,
+    of characters a character vocabulary lacks (read as ``<unk>``)."""
     check_sampling(temperature, top_k, top_p)
     if input:
         need_file(input, "--input")
@@ -278,6 +283,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
         prompts = [(prompt, "--prompt")]
     for text, what in prompts:
         check_prompt(loaded, tokenizer, text, max_new_tokens, what)
+    warn_unseen(tokenizer, [text for text, _ in prompts] if input else prompt, input or "--prompt", warn)
     live = out.isatty()
 
     def show(sample: int, text: str) -> None:
@@ -287,7 +293,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
 
     for number, (text, what) in enumerate(prompts, start=1):
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, num_samples=num_samples, what=what)
+                        seed=seed, num_samples=num_samples, what=what, warn=_told)
         if num_samples == 1:
             out.write(f"--- line {number} ---\n{text}" if input else text)
             generate_text(loaded, tokenizer, text, on_text=show, **sampling)
@@ -298,18 +304,24 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
             show(k, f"{header}\n{text}{sample}\n")
 
 
+def _told(message: str) -> None:
+    """The ``warn`` of a prompt whose warnings ``generate_to`` gave already, once for all prompts."""
+
+
 # the use side: evaluate -----------------------------------------------------------------------
 
 
 def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int | None = None,
-                batch_tokens: int = 4096, what: str = "--text") -> dict:
+                batch_tokens: int = 4096, what: str = "--text", warn=None) -> dict:
     """Loss (nats per token), perplexity and bits per character of a language model on ``lines``
     (``lm_scores`` on their ``text_stream``), in non-overlapping blocks of ``block_size`` tokens
     (default: the model's ``max_positions``). A line that is not valid Unicode is refused, naming
-    it as line N of ``what``."""
+    it as line N of ``what``; characters a character vocabulary lacks (read as ``<unk>``) are named
+    once by ``warn(message)``, by default a logging warning."""
     check_model(model, tokenizer, "generate")
     for number, line in enumerate(lines, start=1):
         check_text(line, f"{what} line {number}")
+    warn_unseen(tokenizer, lines, what, warn)
     limit = position_limit(model)
     block_size = block_size or model.cfg.max_positions
     if limit is not None and block_size > limit:
@@ -328,7 +340,7 @@ def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     need_file(path, "--text")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
     batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens, path)
+    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens, path, warn)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "text": path}
 

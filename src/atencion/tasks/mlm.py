@@ -32,6 +32,7 @@ from .base import (
     position_limit,
     register_task,
     sentence_ids,
+    warn_unseen,
 )
 from .lm import text_splits
 
@@ -157,15 +158,18 @@ def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[in
     return ids + [EOS_ID]
 
 
-def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
-              what: str = "--text") -> list[list[tuple[str, float]]]:
+def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5, what: str = "--text",
+              warn=None) -> list[list[tuple[str, float]]]:
     """For each ``<mask>`` in ``text``, in order, the ``top_k`` most likely tokens (see
     ``token_text``) and their probabilities under an encoder's masked-LM head, most likely first.
-    All masks are predicted at once, each seeing the others as ``<mask>``."""
+    All masks are predicted at once, each seeing the others as ``<mask>``. Characters a
+    character vocabulary lacks (read as ``<unk>``) are named once by ``warn(message)``, by
+    default a logging warning."""
     check_model(model, tokenizer, "fill-mask")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise AtencionError(f"--top-k must be a positive integer, got {top_k!r}")
     ids = masked_ids(tokenizer, text, what)
+    warn_unseen(tokenizer, "".join(text.strip().split(MASK)), what, warn)
     limit = position_limit(model)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens with <s> and </s>, more than this model's learned "
@@ -178,13 +182,15 @@ def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
             for row_index, row_p in zip(index.tolist(), probabilities.tolist())]
 
 
-def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False, device: str = "cpu") -> str:
+def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False, device: str = "cpu",
+                   warn=None) -> str:
     """`atencion fill-mask`: ``fill_mask`` with the model directory ``model``, as text: for each
-    mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``)."""
+    mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``).
+    ``warn(message)`` hears of characters a character vocabulary lacks."""
     import json
 
     loaded, tokenizer = load_model_dir(model, device)
-    masks = fill_mask(loaded, tokenizer, text, top_k)
+    masks = fill_mask(loaded, tokenizer, text, top_k, warn=warn)
     if as_json:
         return json.dumps({"text": text, "masks": [[{"token": token, "probability": p} for token, p in mask]
                                                    for mask in masks]}, ensure_ascii=False) + "\n"
@@ -209,13 +215,15 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     counts. A line of more than ``max_tokens`` pieces (or beyond a learned position table) is
     refused, naming it. A line with no token to mask (only characters the tokenizer drops, such
     as U+FEFF or U+200B) is left out, as an empty line is, and counted (``no_token_lines``;
-    ``warn(message)``, by default a logging warning, names them)."""
+    ``warn(message)``, by default a logging warning, names them, and once the characters a
+    character vocabulary lacks, read as ``<unk>``)."""
     check_model(model, tokenizer, "fill-mask")
     numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
     if not numbers:
         raise AtencionError(f"{what}: no sentence; the text has only empty lines")
     encoded = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
                            lambda i: f"{what} line {numbers[i]}")
+    warn_unseen(tokenizer, [line.strip() for line in lines], what, warn)
     masker = Masker(tokenizer, probability)
     has_token = [any(i >= masker.first_regular or i == UNK_ID for i in e) for e in encoded]  # the maskable
     examples = [e for e, keep in zip(encoded, has_token) if keep]
