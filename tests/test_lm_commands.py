@@ -4,6 +4,7 @@ each answer equals what the model computes, seeds reproduce, one line comes out 
 every bad input is one line on stderr with exit status 2."""
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -25,8 +26,14 @@ from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
 from atencion.tasks import model_task
-from atencion.tasks.classify import classify_lines, classify_probabilities, classify_scores, evaluate_classifier
-from atencion.tasks.lm import evaluate_lm, generate_text, lm_scores, prompt_ids, render, text_stream
+from atencion.tasks.classify import (
+    classify_file,
+    classify_lines,
+    classify_probabilities,
+    classify_scores,
+    evaluate_classifier,
+)
+from atencion.tasks.lm import evaluate_lm, generate_text, generate_to, lm_scores, prompt_ids, render, text_stream
 from atencion.tasks.mlm import Masker, evaluate_mlm, fill_mask, mlm_scores
 from atencion.train.checkpoint import save_checkpoint
 
@@ -208,6 +215,17 @@ def test_classify_reads_stdin_and_replaces_bytes_that_are_not_utf8(models, loade
                           input=b"the cat\n\xe9 bad\n", capture_output=True, timeout=120)
     assert done.returncode == 0 and len(done.stdout.decode().splitlines()) == 2
     assert done.stderr.decode().count("\n") == 1 and "stdin line 2: not valid UTF-8" in done.stderr.decode()
+
+
+def test_the_library_without_a_warn_callback_logs_replaced_bytes_instead_of_failing(models, tmp_path, caplog):
+    (tmp_path / "in.txt").write_bytes(b"the cat\n\xe9 bad\n")
+    out = io.StringIO()
+    with caplog.at_level("WARNING"):
+        generate_to(out, models["gpt-sp"], input=str(tmp_path / "in.txt"), max_new_tokens=2, seed=0)
+        labels = classify_file(models["classifier"], str(tmp_path / "in.txt"))
+    assert out.getvalue().count("--- line ") == 2 and len(labels.splitlines()) == 2
+    assert [r.getMessage() for r in caplog.records] == [f"{tmp_path / 'in.txt'} line 2: not valid UTF-8 (byte 0xe9 "
+                                                        f"at column 1); each bad byte was replaced with U+FFFD"] * 2
 
 
 # evaluate ---------------------------------------------------------------------------------------
