@@ -214,9 +214,9 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     or else of these lines themselves: a baseline that has peeked at the test text's token
     counts. A line of more than ``max_tokens`` pieces (or beyond a learned position table) is
     refused, naming it. A line with no token to mask (only characters the tokenizer drops, such
-    as U+FEFF or U+200B) is left out, as an empty line is, and counted (``no_token_lines``;
-    ``warn(message)``, by default a logging warning, names them, and once the characters a
-    character vocabulary lacks, read as ``<unk>``)."""
+    as U+FEFF or U+200B) is left out, as an empty line is, and counted (``no_token_lines``).
+    ``warn(message)``, by default a logging warning, names those lines, and once the characters a
+    character vocabulary lacks (read as ``<unk>``)."""
     check_model(model, tokenizer, "fill-mask")
     numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
     if not numbers:
@@ -231,7 +231,8 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     if not examples:
         raise AtencionError(f"{what}: no sentence; every line is empty or has no token to mask")
     if left_out:
-        (warn or log.warning)(f"{what}: left out {len(left_out)} lines with no token to mask: lines "
+        noun = "line" if len(left_out) == 1 else "lines"
+        (warn or log.warning)(f"{what}: left out {len(left_out)} {noun} with no token to mask: {noun} "
                               f"{listing(left_out)}")
     device = model_device(model)
     with evaluating(model):
