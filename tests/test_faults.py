@@ -742,3 +742,19 @@ def test_every_init_from_refusal_names_it_and_comes_before_anything_is_written(t
     line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
     assert f"train.init_from {pretrained[start]}" in line and message in line, line
     assert unchanged(before) and not (tmp_path / "run").exists()
+
+
+# 10. text arguments that are not UTF-8 ---------------------------------------------------------------
+
+NOT_UTF8 = b"\xff uno".decode("utf-8", "surrogateescape")  # what sys.argv holds for $'\xff uno'
+
+
+@pytest.mark.parametrize("given, named", [(["--src", NOT_UTF8], "--src"), (["--text", NOT_UTF8], "--src"),
+                                          (["--src", "uno dos", "--tgt", NOT_UTF8], "--tgt")])
+def test_a_text_argument_that_is_not_utf8_is_refused_naming_it_before_any_file_is_written(model_dir, tmp_path, capsys,
+                                                                                          given, named):
+    out = tmp_path / "maps"
+    line = fault(["attention", "--model", str(model_dir), *given, "--out", str(out)], capsys)
+    assert line == (f"atencion attention: error: {named}: not valid UTF-8 (byte 0xff at character 1); "
+                    f"give the text in UTF-8")
+    assert not out.exists()

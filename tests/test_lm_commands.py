@@ -4,6 +4,7 @@ each answer equals what the model computes, seeds reproduce, one line comes out 
 every bad input is one line on stderr with exit status 2."""
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -19,13 +20,20 @@ from atencion.cli import main
 from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
-from atencion.decode.sample import generate_ids
+from atencion.decode.sample import check_sampling, choose_next, generate_ids
+from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.serve.batching import QueueFull, Worker
 from atencion.tasks import model_task
-from atencion.tasks.classify import classify_lines, classify_probabilities, classify_scores, evaluate_classifier
-from atencion.tasks.lm import evaluate_lm, generate_text, lm_scores, prompt_ids, render, text_stream
+from atencion.tasks.classify import (
+    classify_file,
+    classify_lines,
+    classify_probabilities,
+    classify_scores,
+    evaluate_classifier,
+)
+from atencion.tasks.lm import evaluate_lm, generate_text, generate_to, lm_scores, prompt_ids, render, text_stream
 from atencion.tasks.mlm import Masker, evaluate_mlm, fill_mask, mlm_scores
 from atencion.train.checkpoint import save_checkpoint
 
@@ -209,6 +217,17 @@ def test_classify_reads_stdin_and_replaces_bytes_that_are_not_utf8(models, loade
     assert done.stderr.decode().count("\n") == 1 and "stdin line 2: not valid UTF-8" in done.stderr.decode()
 
 
+def test_the_library_without_a_warn_callback_logs_replaced_bytes_instead_of_failing(models, tmp_path, caplog):
+    (tmp_path / "in.txt").write_bytes(b"the cat\n\xe9 bad\n")
+    out = io.StringIO()
+    with caplog.at_level("WARNING"):
+        generate_to(out, models["gpt-sp"], input=str(tmp_path / "in.txt"), max_new_tokens=2, seed=0)
+        labels = classify_file(models["classifier"], str(tmp_path / "in.txt"))
+    assert out.getvalue().count("--- line ") == 2 and len(labels.splitlines()) == 2
+    assert [r.getMessage() for r in caplog.records] == [f"{tmp_path / 'in.txt'} line 2: not valid UTF-8 (byte 0xe9 "
+                                                        f"at column 1); each bad byte was replaced with U+FFFD"] * 2
+
+
 # evaluate ---------------------------------------------------------------------------------------
 
 
@@ -294,6 +313,7 @@ def bad_cases():
                                                                              "than the limit of 3"),
         ("evaluate --model CLASSIFIER --tsv NO_TAB", "line 2: expected label<TAB>text, found no tab"),
         ("evaluate --model CLASSIFIER --tsv UNSEEN", "line 3: label 'maybe' was not seen in training"),
+        ("evaluate --model CLASSIFIER --tsv HEADED --max-input-tokens 3", "headed.tsv line 3: 9 tokens, more than"),
         ("evaluate --model GPT --text PROMPTS --src PROMPTS", "--src is for a translator"),
         ("evaluate --model GPT --tsv PROMPTS", "--tsv is for a classifier"),
         ("evaluate --model BERT --text PROMPTS --block-size 8", "--block-size is for a language model"),
@@ -310,13 +330,164 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(models, tmp_path, capsys, co
     (tmp_path / "prompts.txt").write_text("a cat\nthe dog\n")
     (tmp_path / "no-tab.tsv").write_text("pos\tthe cat\nneg the dog\n")
     (tmp_path / "unseen.tsv").write_text("pos\tthe cat\nneg\tthe dog\nmaybe\tthe bird\n")
+    (tmp_path / "headed.tsv").write_text("label\tsentence\npos\tthe cat\nneg\tthe cat sat on the mat\n")
     places = {"GPT": models["gpt"], "BERT": models["bert"], "CLASSIFIER": models["classifier"],
               "TRANSLATOR": models["translator"], "PROMPTS": str(tmp_path / "prompts.txt"),
-              "NO_TAB": str(tmp_path / "no-tab.tsv"), "UNSEEN": str(tmp_path / "unseen.tsv"), "LONG": "ab" * 40}
+              "NO_TAB": str(tmp_path / "no-tab.tsv"), "UNSEEN": str(tmp_path / "unseen.tsv"),
+              "HEADED": str(tmp_path / "headed.tsv"), "LONG": "ab" * 40}
     argv = [places.get(word, word.replace("_", " ")) for word in command.split()]
     status, out, err = run(argv, capsys)
     assert status == 2 and out == "", (out, err)
     assert err.count("\n") == 1 and "Traceback" not in err and message in err, err
+
+
+# text the model cannot read: not UTF-8, no token, characters a character vocabulary lacks --------
+
+
+NOT_UTF8 = b"\xff ok".decode("utf-8", "surrogateescape")  # what sys.argv holds for $'\xff ok'
+
+
+@pytest.mark.parametrize("command, option", [
+    ("generate --model GPT --prompt TEXT", "--prompt"),
+    ("generate --model GPT_SP --prompt TEXT", "--prompt"),
+    ("fill-mask --model BERT --text TEXT", "--text"),
+    ("fill-mask --model BERT_CHAR --text TEXT", "--text"),
+    ("attention --model GPT --text TEXT --out OUT", "--text"),
+    ("attention --model GPT_SP --text TEXT --out OUT", "--text"),
+    ("attention --model BERT_CHAR --text TEXT --out OUT", "--text"),
+    ("attention --model TRANSLATOR --src TEXT --out OUT", "--src"),
+    ("attention --model TRANSLATOR --src the_cat --tgt TEXT --out OUT", "--tgt"),
+])
+def test_a_text_argument_that_is_not_utf8_is_one_line_naming_it_and_nothing_is_written(models, tmp_path, capsys,
+                                                                                        command, option):
+    places = {"GPT": models["gpt"], "GPT_SP": models["gpt-sp"], "BERT": models["bert"],
+              "BERT_CHAR": models["bert-char"], "TRANSLATOR": models["translator"],
+              "TEXT": f"{NOT_UTF8} {MASK}", "OUT": str(tmp_path / "maps")}
+    status, out, err = run([places.get(word, word.replace("_", " ")) for word in command.split()], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == (f"atencion {command.split()[0]}: error: {option}: not valid UTF-8 (byte 0xff at character 1); "
+                   f"give the text in UTF-8\n")
+    assert not (tmp_path / "maps").exists()
+
+
+def test_the_library_refuses_text_that_is_not_unicode_naming_where_it_came_from(loaded):
+    with pytest.raises(AtencionError, match=r"^--prompt: not valid UTF-8 \(byte 0xff at character 1\)"):
+        generate_text(*loaded["gpt"], NOT_UTF8, 3)
+    with pytest.raises(AtencionError, match=r"^--text: not valid Unicode \(a lone surrogate U\+D800 at character 5\)"):
+        fill_mask(*loaded["bert"], f"the \ud800 {MASK}")
+    with pytest.raises(AtencionError, match=r"^--input line 2: not valid UTF-8 \(byte 0xff at character 1\)"):
+        classify_probabilities(*loaded["classifier"], ["the cat", NOT_UTF8])
+
+
+def test_a_temperature_that_is_0_in_float32_is_greedy_and_such_a_top_p_is_refused_naming_it(models, loaded, capsys):
+    model, tokenizer = loaded["gpt"]
+    base = ["generate", "--model", models["gpt"], "--prompt", "the", "--max-new-tokens", "12", "--seed", "3"]
+    greedy = run(base + ["--temperature", "0"], capsys)
+    assert greedy[0] == 0
+    for temperature in ("1e-300", "1e-46"):
+        assert run(base + ["--temperature", temperature], capsys) == greedy
+        assert generate_text(model, tokenizer, "the", 12, float(temperature)) == \
+            generate_text(model, tokenizer, "the", 12, 0.0)
+    for top_p in ("1e-50", "1e-300"):
+        status, out, err = run(base + ["--top-p", top_p], capsys)
+        assert status == 2 and out == "", (out, err)
+        assert err == (f"atencion generate: error: --top-p must be in (0, 1], got {float(top_p)!r}, which is 0 in "
+                       f"float32 (the precision the sampler computes in)\n")
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(choose_next(logits, 1e-300), logits.argmax(-1))
+    with pytest.raises(AtencionError, match=r"^--top-p must be in \(0, 1\], got 1e-50"):
+        check_sampling(1.0, 0, 1e-50)
+    check_sampling(1e-300, 0, 1.0)
+
+
+def test_a_prompt_that_encodes_to_no_token_says_so_before_anything_is_written(models, loaded, tmp_path, capsys):
+    status, out, err = run(["generate", "--model", models["gpt-sp"], "--prompt", "\u200b "], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == ("atencion generate: error: --prompt encodes to no token: this tokenizer drops each of its "
+                   "characters ('\\u200b', ' '); give text it reads (an empty prompt starts a new line)\n")
+    (tmp_path / "prompts.txt").write_text("the cat\n\ufeff\n", encoding="utf-8")
+    status, out, err = run(["generate", "--model", models["gpt-sp"], "--input", str(tmp_path / "prompts.txt")],
+                           capsys)
+    assert status == 2 and out == "" and err.startswith("atencion generate: error: --input line 2 encodes to no "
+                                                        "token: "), (out, err)
+    with pytest.raises(AtencionError, match="^--prompt encodes to no token"):
+        generate_text(*loaded["gpt-sp"], "\ufeff", 3)
+
+
+def test_evaluate_tsv_names_the_file_line_of_a_row_past_the_header_and_the_rows_left_out(models, tmp_path, capsys):
+    path = tmp_path / "dev.tsv"
+    path.write_text("label\tsentence\npos\tthe cat\nneg\t\npos\tthe cat sat on the mat\n")
+    status, out, err = run(["evaluate", "--model", models["classifier"], "--tsv", str(path), "--max-input-tokens",
+                            "3"], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err.splitlines()[0] == f"atencion evaluate: warning: {path}: left out 1 rows with an empty text"
+    assert err.splitlines()[1].startswith(f"atencion evaluate: error: --tsv {path} line 4: ")
+    assert len(err.splitlines()) == 2 and "more than the limit of 3" in err
+
+
+def test_evaluate_an_mlm_leaves_out_and_counts_lines_that_encode_to_no_token(models, loaded, tmp_path, capsys):
+    model, tokenizer = loaded["bert"]
+    path = tmp_path / "test.txt"
+    path.write_text("\n".join(LINES[:4] + ["\ufeff", LINES[4], "\u200b", ""]) + "\n", encoding="utf-8")
+    status, out, err = run(["evaluate", "--model", models["bert"], "--text", str(path)], capsys)
+    assert status == 0, err
+    assert err == f"atencion evaluate: warning: {path}: left out 2 lines with no token to mask: lines 5, 7\n"
+    result = json.loads(out)
+    expected = evaluate_mlm(model, tokenizer, LINES[:5])
+    assert result["no_token_lines"] == 2 and expected["no_token_lines"] == 0
+    assert {k: result[k] for k in expected if k != "no_token_lines"} == \
+        {k: v for k, v in expected.items() if k != "no_token_lines"}
+    (tmp_path / "none.txt").write_text("\ufeff\n\n\u200b\n", encoding="utf-8")
+    status, out, err = run(["evaluate", "--model", models["bert"], "--text", str(tmp_path / "none.txt")], capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err == (f"atencion evaluate: error: {tmp_path / 'none.txt'}: no sentence; every line is empty or "
+                   f"has no token to mask\n")
+
+
+UNSEEN = "'ß', '€'"
+
+
+@pytest.mark.parametrize("command, warning", [
+    ("generate --model GPT --prompt the_ß€_cat --max-new-tokens 2", f"--prompt: 2 characters not in the "
+                                                                    f"vocabulary, read as <unk>: {UNSEEN}"),
+    ("generate --model GPT --input TEXT --max-new-tokens 2 --num-samples 2",
+     f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} (first on line 2)"),
+    ("fill-mask --model BERT_CHAR --text ß_<mask>_€", f"--text: 2 characters not in the vocabulary, read as <unk>: "
+                                                      f"{UNSEEN}"),
+    ("classify --model GPT_CLASSIFIER --input TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: "
+                                                     f"{UNSEEN} (first on line 2)"),
+    ("evaluate --model GPT --text TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} "
+                                         f"(first on line 2)"),
+    ("evaluate --model BERT_CHAR --text TEXT", f"TEXT: 2 characters not in the vocabulary, read as <unk>: {UNSEEN} "
+                                               f"(first on line 2)"),
+    ("evaluate --model GPT_CLASSIFIER --tsv TSV", f"--tsv TSV: 2 characters not in the vocabulary, read as <unk>: "
+                                                  f"{UNSEEN} (first on line 3)"),
+])
+def test_a_character_model_warns_once_of_characters_not_in_its_vocabulary(models, tmp_path, capsys, command,
+                                                                           warning):
+    (tmp_path / "text.txt").write_text("the cat sat\nthe ß sat\nmy € and ß\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("label\ttext\npos\tthe cat\nneg\tthe ß\npos\tmy € and ß\n", encoding="utf-8")
+    places = {"GPT": models["gpt"], "BERT_CHAR": models["bert-char"], "GPT_CLASSIFIER": models["gpt-classifier"],
+              "TEXT": str(tmp_path / "text.txt"), "TSV": str(tmp_path / "dev.tsv")}
+    status, out, err = run([places.get(word, word.replace("_", " ")) for word in command.split()], capsys)
+    assert status == 0 and out, err
+    warning = warning.replace("TEXT", places["TEXT"]).replace("TSV", places["TSV"])
+    assert err == f"atencion {command.split()[0]}: warning: {warning}\n"
+
+
+def test_the_library_logs_characters_a_character_vocabulary_lacks_once(loaded, caplog):
+    with caplog.at_level("WARNING"):
+        generate_text(*loaded["gpt"], "ß ok €", 3, num_samples=2)
+        fill_mask(*loaded["bert-char"], f"ß {MASK}")
+        classify_lines(*loaded["gpt-classifier"], ["ok", "€ ß", "ß"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--prompt: 2 characters not in the vocabulary, read as <unk>: {UNSEEN}",
+        "--text: 1 character not in the vocabulary, read as <unk>: 'ß'",
+        "--input: 2 characters not in the vocabulary, read as <unk>: '€', 'ß' (first on line 2)"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        generate_text(*loaded["gpt-sp"], "ß ok €", 3)  # SentencePiece: not a character vocabulary
+    assert caplog.records == []
 
 
 # the server -------------------------------------------------------------------------------------

@@ -246,6 +246,7 @@ def test_without_a_stop_every_row_gets_max_new_tokens():
     (1.0, 0, 1.5, r"--top-p must be in \(0, 1\], got 1.5"),
     (1.0, 0, -1.0, r"--top-p must be in \(0, 1\], got -1.0"),
     (1.0, 0, float("nan"), r"--top-p must be in \(0, 1\], got nan"),
+    (1.0, 0, 1e-50, r"--top-p must be in \(0, 1\], got 1e-50, which is 0 in float32"),
 ])
 def test_bad_sampling_settings_are_refused_naming_the_option(temperature, top_k, top_p, message):
     with pytest.raises(AtencionError, match=message):

@@ -211,7 +211,8 @@ def cmd_fill_mask(args: argparse.Namespace) -> None:
     word before it."""
     from .tasks.mlm import fill_mask_text
 
-    sys.stdout.write(fill_mask_text(args.model, args.text, args.top_k, args.json, args.device))
+    sys.stdout.write(fill_mask_text(args.model, args.text, args.top_k, args.json, args.device,
+                                    warn=_warn("fill-mask")))
 
 
 def add_classify_arguments(p: argparse.ArgumentParser) -> None:

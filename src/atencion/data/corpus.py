@@ -45,7 +45,8 @@ def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: st
     """All lines of a UTF-8 text file (gzip if it ends in .gz), or of a binary stream such as
     ``sys.stdin.buffer``, without their line endings. ``errors``: "strict" refuses a line that is
     not UTF-8, naming it; "replace" puts U+FFFD in place of each bad byte and calls ``warn`` once
-    with a line naming the first such line (so that one line still comes out per line in).
+    with a line naming the first such line (so that one line still comes out per line in; None:
+    a logging warning, as the use-side functions pass on a ``warn`` they were not given).
     ``name`` names a stream."""
     if hasattr(path, "read"):
         name = name or "input"
@@ -83,7 +84,7 @@ def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: st
         out.append(text.rstrip("\r"))
     if bad:
         more = f" (and {len(bad) - 1} more line(s))" if len(bad) > 1 else ""
-        warn(f"{bad[0]}{more}; each bad byte was replaced with U+FFFD")
+        (warn or log.warning)(f"{bad[0]}{more}; each bad byte was replaced with U+FFFD")
     return out
 
 

@@ -2,7 +2,8 @@
 checks as the parallel corpora (one line naming the file and line for each mistake).
 
 - ``read_text``: one or more plain-text files (or .gz), concatenated line by line.
-- ``read_labelled``: a TSV file of ``label<TAB>text`` rows, header allowed.
+- ``read_labelled``: a TSV file of ``label<TAB>text`` rows, header allowed (``read_labelled_lines``:
+  with the file line of each row).
 - ``lm_blocks``: the contiguous, non-overlapping blocks of a token stream that a causal
   language model trains on.
 - ``mask_tokens``: BERT's masking recipe (15% of the tokens chosen; of those 80% become
@@ -50,12 +51,21 @@ def split_tail(lines: list[str], fraction: float) -> tuple[list[str], list[str]]
 def read_labelled(path: str, labels: list[str] | None = None, header: str = "auto",
                   empty_lines: str = "skip", warn=log.warning) -> tuple[list[tuple[int, str]], list[str], int]:
     """``(label index, text)`` rows of a ``label<TAB>text`` file, the label names and the number
+    of rows skipped for an empty text (see ``read_labelled_lines``)."""
+    rows, labels, skipped, _ = read_labelled_lines(path, labels, header, empty_lines, warn)
+    return rows, labels, skipped
+
+
+def read_labelled_lines(path: str, labels: list[str] | None = None, header: str = "auto", empty_lines: str = "skip",
+                        warn=log.warning) -> tuple[list[tuple[int, str]], list[str], int, list[int]]:
+    """``(label index, text)`` rows of a ``label<TAB>text`` file, the label names and the number
     of rows skipped for an empty text. Training (``labels`` None) learns the names (sorted:
     numerically when they are all integers); validation and evaluation refuse a label that
     training did not see, naming the line. A row with an empty label is refused, naming its line.
     ``header``: "auto" takes the first line as a header when its label is not a label of any
     other line (SST-2's ``label<TAB>sentence``), and ``warn(message)`` hears which line and why;
-    "yes", "no"."""
+    "yes", "no". Last, the file line number of each row returned (past the header and the rows
+    skipped), for messages that name a row."""
     lines = read_lines(path)
     rows = []
     for number, line in enumerate(lines, start=1):
@@ -83,7 +93,7 @@ def read_labelled(path: str, labels: list[str] | None = None, header: str = "aut
         names = sorted({r[0] for r in rows})
         labels = sorted(names, key=int) if all(_is_int(x) for x in names) else names
     index = {name: i for i, name in enumerate(labels)}
-    out, skipped = [], 0
+    out, numbers, skipped = [], [], 0
     for label, text, number in rows:
         if label not in index:
             raise CorpusError(f"{path} line {number}: label {label!r} was not seen in training; "
@@ -94,9 +104,10 @@ def read_labelled(path: str, labels: list[str] | None = None, header: str = "aut
             skipped += 1
             continue
         out.append((index[label], text))
+        numbers.append(number)
     if not out:
         raise CorpusError(f"{path}: no labelled row")
-    return out, labels, skipped
+    return out, labels, skipped, numbers
 
 
 def _is_int(text: str) -> bool:

@@ -36,6 +36,24 @@ def _train_one(sentences: Iterable[str], vocab_size: int, model_type: str, chara
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
 
+def check_text(text: str, what: str) -> str:
+    """``text``, or an AtencionError naming ``what`` when it is not valid Unicode. A command-line
+    argument whose bytes are not UTF-8 arrives with each bad byte as a lone surrogate (Python's
+    surrogateescape: byte 0xff is U+DCFF), which no tokenizer reads and no UTF-8 file holds. Every
+    text argument (``--prompt``, ``--text``, ``--src``, ``--tgt``) is refused so, before any work:
+    unlike an input file, whose bad bytes are replaced so that one line still comes out per line in,
+    a text argument is one the user can retype."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        where = f"at character {err.start + 1}"
+        bad = (f"not valid UTF-8 (byte 0x{code - 0xDC00:02x} {where})" if 0xDC80 <= code <= 0xDCFF
+               else f"not valid Unicode (a lone surrogate U+{code:04X} {where})")
+        raise AtencionError(f"{what}: {bad}; give the text in UTF-8") from None
+    return text
+
+
 class CharVocab:
     """One token per character (nanoGPT's and char-rnn's Shakespeare models): the special tokens,
     then every character of the training text in code-point order. It answers the part of

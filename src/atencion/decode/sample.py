@@ -4,6 +4,9 @@ flattened by a temperature and truncated to the top-k tokens (Fan et al. 2018) a
 nucleus, the smallest set of most likely tokens whose probability reaches top-p (Holtzman et al.
 2020). Temperature 0 (or top-k 1) is greedy decoding.
 
+The sampler computes in float32: a temperature so small that it is 0 there (at most 2**-150,
+about 7e-46, e.g. 1e-300) is greedy, as 0 is; a top-p that small is refused, as 0 is.
+
 The order is Hugging Face's: logits / temperature, then top-k, then top-p on what top-k kept, then
 one draw from the renormalised distribution. ``choose_next`` is that whole choice for one step,
 so it can be checked on logits whose distribution a test fixes; ``generate_ids`` runs it over a
@@ -21,10 +24,21 @@ from torch import Tensor
 from ..errors import AtencionError
 from ..nn.positional import position_limit
 
+FLOAT32_ZERO = 2.0 ** -150  # the largest number that is 0 in float32 (half the least subnormal, rounded to even)
+
+
+def is_float32_zero(value: float) -> bool:
+    """Whether ``value`` is 0 in float32, the precision the sampler computes in (1e-300 is)."""
+    return abs(value) <= FLOAT32_ZERO
+
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise AtencionError naming the option unless the sampling settings make sense:
-    temperature >= 0 and finite, top_k >= 0 (0: off), top_p in (0, 1] (1: off)."""
+    temperature >= 0 and finite, top_k >= 0 (0: off), top_p in (0, 1] (1: off).
+
+    The sampler computes in float32, so a number is taken as float32 takes it: a temperature
+    that is 0 there (at most 2**-150, about 7e-46, e.g. 1e-300) is greedy, as 0 is (see
+    ``choose_next``), and a top_p that is 0 there is refused, as 0 is."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
             or not (math.isfinite(temperature) and temperature >= 0):
         raise AtencionError(f"--temperature must be >= 0 and finite (0: greedy), got {temperature!r}")
@@ -32,6 +46,9 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise AtencionError(f"--top-k must be an integer >= 0 (0: off), got {top_k!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise AtencionError(f"--top-p must be in (0, 1], got {top_p!r}")
+    if is_float32_zero(top_p):
+        raise AtencionError(f"--top-p must be in (0, 1], got {top_p!r}, which is 0 in float32 (the precision "
+                            f"the sampler computes in)")
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -55,12 +72,13 @@ def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
                 generator: torch.Generator | None = None) -> Tensor:
     """The next token of each row, (batch,), from next-token ``logits`` (batch, vocab).
 
-    Greedy (the argmax, no random number drawn) with ``temperature`` 0 or ``top_k`` 1; otherwise
+    Greedy (the argmax, no random number drawn) with ``temperature`` 0 (or so small that it is 0
+    in float32: dividing by it would give NaN) or ``top_k`` 1; otherwise
     one ``torch.multinomial`` draw per row from softmax(logits / temperature) truncated by
     :func:`filter_logits`, with ``generator`` (on the logits' device) so that a seeded generator
     gives the same tokens again. The row maximum is subtracted before dividing by the
     temperature, so a tiny temperature tends to greedy instead of overflowing."""
-    if temperature == 0 or top_k == 1:
+    if is_float32_zero(temperature) or top_k == 1:
         return logits.argmax(dim=-1)
     logits = logits.float()
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature

@@ -12,6 +12,7 @@ exactly.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -23,9 +24,11 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..data.batching import token_batches
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..nn.positional import position_limit as positions_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -209,12 +212,12 @@ def pad_rows(rows: list[list[int]]) -> Tensor:
 def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int = 0,
                  where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[list[int]]:
     """``<s> pieces </s>`` of each stripped text (as the mlm and classify tasks read their data),
-    refusing one of more than ``max_tokens`` pieces (0: no limit) or beyond a learned position
-    table, named by ``where(index)``."""
+    refusing one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces
+    (0: no limit) or beyond a learned position table, named by ``where(index)``."""
     limit = position_limit(model)
     out = []
     for i, text in enumerate(texts):
-        ids = [BOS_ID, *tokenizer.encode(text.strip()), EOS_ID]
+        ids = [BOS_ID, *tokenizer.encode(check_text(text, where(i)).strip()), EOS_ID]
         if max_tokens and len(ids) - 2 > max_tokens:
             raise AtencionError(f"{where(i)}: {len(ids) - 2} tokens, more than the limit of {max_tokens}")
         if limit is not None and len(ids) > limit:
@@ -222,6 +225,42 @@ def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int 
                                 f"learned positions (max_positions={limit})")
         out.append(ids)
     return out
+
+
+def listing(items: list, limit: int = 10) -> str:
+    """The first ``limit`` of ``items``, joined by commas, and how many more there are."""
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=None,
+                lines: list[int] | None = None) -> None:
+    """Warn once, by ``warn(message)`` (default: a logging warning), of the characters of
+    ``texts`` that a character vocabulary lacks and so reads as ``<unk>``: how many, which (in the
+    order they first appear), named by ``what`` and, for a list of texts, the line of the first
+    text holding one (``lines``: the texts' line numbers; default 1, 2, ...). Nothing for
+    SentencePiece, whose pieces cover what its training text held."""
+    if tokenizer.kind != "char":
+        return
+    many = not isinstance(texts, str)
+    texts = list(texts) if many else [texts]
+    known = tokenizer.src.ids
+    missing = set().union(*texts).difference(known)
+    if not missing:
+        return
+    seen: dict[str, None] = {}
+    first = None
+    for k, text in enumerate(texts):
+        for char in text:
+            if char in missing and char not in seen:
+                seen[char] = None
+                first = k if first is None else first
+        if len(seen) == len(missing):
+            break
+    n = len(seen)
+    where = f" (first on line {lines[first] if lines is not None else first + 1})" if many else ""
+    (warn or log.warning)(f"{what}: {n} character{'' if n == 1 else 's'} not in the vocabulary, read as <unk>: "
+                          f"{listing([repr(c) for c in seen])}{where}")
 
 
 def position_limit(model) -> int | None:

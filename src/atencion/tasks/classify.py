@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
-from ..data.text import read_labelled
+from ..data.text import read_labelled, read_labelled_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
@@ -33,6 +33,7 @@ from .base import (
     pad_rows,
     register_task,
     sentence_ids,
+    warn_unseen,
 )
 
 log = logging.getLogger(__name__)
@@ -144,20 +145,25 @@ def label_names(model) -> list[str]:
 
 
 def classify_probabilities(model, tokenizer: Tokenizer, texts: list[str], batch_tokens: int = 4096,
-                           max_tokens: int = 0, where: Callable[[int], str] = lambda i: f"--input line {i + 1}"
-                           ) -> torch.Tensor:
+                           max_tokens: int = 0, where: Callable[[int], str] = lambda i: f"--input line {i + 1}",
+                           warn=None, what: str = "--input") -> torch.Tensor:
     """The probability of every label for each text, (len(texts), num_labels), batched by
-    ``batch_tokens``. An empty text is classified as the empty sentence ``<s> </s>``."""
+    ``batch_tokens``. An empty text is classified as the empty sentence ``<s> </s>``. Characters
+    a character vocabulary lacks (read as ``<unk>``) are named once by ``warn(message)`` (by
+    default a logging warning), with ``what`` and the line of the first (text i is line i + 1)."""
     check_model(model, tokenizer, "classify")
     examples = sentence_ids(model, tokenizer, texts, max_tokens, where)
+    warn_unseen(tokenizer, [text.strip() for text in texts], what, warn)
     with evaluating(model):
         return classify_logits(model, examples, batch_tokens, model_device(model)).softmax(-1)
 
 
 def classify_lines(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: int = 4096, max_tokens: int = 0,
-                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[tuple[str, float]]:
+                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}", warn=None,
+                   what: str = "--input") -> list[tuple[str, float]]:
     """The most likely label of each line and its probability (see ``classify_probabilities``)."""
-    probabilities, index = classify_probabilities(model, tokenizer, lines, batch_tokens, max_tokens, where).max(-1)
+    probabilities, index = classify_probabilities(model, tokenizer, lines, batch_tokens, max_tokens, where, warn,
+                                                  what).max(-1)
     names = label_names(model)
     return [(names[i], p) for i, p in zip(index.tolist(), probabilities.tolist())]
 
@@ -174,7 +180,7 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
     ``model``, one line out per line in: 'LABEL<TAB>PROBABILITY', or (``as_json``) one JSON
     object per line with every label's probability. An empty line gets the model's answer on the
     empty sentence, so that the lines stay aligned; bytes that are not UTF-8 are replaced, and
-    ``warn(message)`` hears of it."""
+    ``warn(message)`` hears of it, as it does (once) of characters a character vocabulary lacks."""
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -188,9 +194,10 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
 
     if not as_json:
         return "".join(f"{label}\t{p:.4f}\n" for label, p in
-                       classify_lines(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where))
+                       classify_lines(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where, warn, name))
     names = label_names(loaded)
-    rows = classify_probabilities(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where).tolist()
+    rows = classify_probabilities(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where, warn,
+                                  name).tolist()
     return "".join(json.dumps(prediction(names, row), ensure_ascii=False) + "\n" for row in rows)
 
 
@@ -198,13 +205,20 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
 
 
 def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]], batch_tokens: int = 4096,
-                        max_tokens: int = 0, what: str = "--tsv") -> dict:
+                        max_tokens: int = 0, what: str = "--tsv", lines: list[int] | None = None,
+                        warn=None) -> dict:
     """Accuracy, loss and the confusion matrix (rows: true label, columns: predicted) of a
     classifier on ``rows`` of (label index, text); a text of more than ``max_tokens`` pieces (0:
-    no limit) is refused, naming its row."""
+    no limit) is refused, naming its row: line ``lines[i]`` of ``what`` (the file line numbers
+    ``read_labelled_lines`` gives), or else row i + 1. Characters a character vocabulary lacks
+    (read as ``<unk>``) are named once by ``warn(message)``, by default a logging warning."""
     check_model(model, tokenizer, "classify")
-    examples = sentence_ids(model, tokenizer, [text for _, text in rows], max_tokens,
-                            lambda i: f"{what} row {i + 1}")
+
+    def where(i: int) -> str:
+        return f"{what} line {lines[i]}" if lines is not None else f"{what} row {i + 1}"
+
+    examples = sentence_ids(model, tokenizer, [text for _, text in rows], max_tokens, where)
+    warn_unseen(tokenizer, [text for _, text in rows], what, warn, lines)
     with evaluating(model):
         scores = classify_scores(model, examples, [label for label, _ in rows], batch_tokens, model_device(model))
     return {**scores, "labels": label_names(model)}
@@ -216,12 +230,12 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
     path = options["tsv"]
     need_file(path, "--tsv")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
-    rows, _, skipped = read_labelled(path, label_names(loaded))
+    rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
     if skipped and warn is not None:
         warn(f"{path}: left out {skipped} rows with an empty text")
     batch_tokens = options.get("batch_tokens", 4096)
     scores = evaluate_classifier(loaded, tokenizer, rows, batch_tokens, options.get("max_input_tokens", 1024),
-                                 f"--tsv {path}")
+                                 f"--tsv {path}", lines, warn)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "tsv": path}
 

@@ -19,12 +19,23 @@ from torch import Tensor
 
 from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
-from ..data.tokenizer import EOS_ID, Tokenizer
+from ..data.tokenizer import EOS_ID, Tokenizer, check_text
 from ..decode.sample import check_sampling, generate_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, check_model, evaluating, model_device, position_limit, register_task
+from .base import (
+    Task,
+    TaskBatch,
+    TaskSpec,
+    check_model,
+    evaluating,
+    listing,
+    model_device,
+    position_limit,
+    register_task,
+    warn_unseen,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +204,15 @@ def render(tokenizer: Tokenizer, ids: list[int]) -> str:
 
 
 def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
-    """The prompt's ids, refused in one line naming ``what`` when the prompt alone does not fit in
-    a learned position table (past it, generation reads the last ``max_positions`` tokens)."""
-    ids = prompt_ids(tokenizer, prompt)
+    """The prompt's ids, refused in one line naming ``what`` when the prompt is not valid Unicode
+    (``check_text``), encodes to no token (the tokenizer drops each of its characters) or alone
+    does not fit in a learned position table (past it, generation reads the last
+    ``max_positions`` tokens)."""
+    ids = prompt_ids(tokenizer, check_text(prompt, what))
+    if not ids:
+        raise AtencionError(f"{what} encodes to no token: this tokenizer drops each of its characters "
+                            f"({listing([repr(c) for c in dict.fromkeys(prompt)])}); give text it reads (an empty "
+                            f"prompt starts a new line)")
     limit = position_limit(model)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "
@@ -205,20 +222,23 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
 
 def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
-                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt") -> list[str]:
+                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt",
+                  warn=None) -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
-    batch) as ``decode/sample.py`` says (``temperature`` 0 or ``top_k`` 1: greedy), each
-    ``max_new_tokens`` tokens long; the text after the prompt, without it.
+    batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
+    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it.
 
     ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
     growing ids are decoded whole and the new end of the text is handed on, so that SentencePiece's
-    word boundaries come out as in the final text."""
+    word boundaries come out as in the final text. Characters a character vocabulary lacks (read
+    as ``<unk>``) are named once by ``warn(message)``, by default a logging warning."""
     check_model(model, tokenizer, "generate")
     check_sampling(temperature, top_k, top_p)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise AtencionError(f"--num-samples must be a positive integer, got {num_samples!r}")
     ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what)
+    warn_unseen(tokenizer, prompt, what, warn)
     device = model_device(model)
     generator = torch.Generator(device)
     if seed is None:
@@ -260,7 +280,10 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     is a terminal); several are drawn together and written when done. With ``input`` each line of
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
-    '--- line N, sample K ---'. Every prompt is checked before anything is generated."""
+    '--- line N, sample K ---'. The settings and every prompt are checked before anything is
+    written. ``warn(message)`` hears of bytes of ``input`` that are not UTF-8 (replaced) and, once,
+    of characters a character vocabulary lacks (read as ``<unk>``)."""
+    check_sampling(temperature, top_k, top_p)
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -272,6 +295,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
         prompts = [(prompt, "--prompt")]
     for text, what in prompts:
         check_prompt(loaded, tokenizer, text, max_new_tokens, what)
+    warn_unseen(tokenizer, [text for text, _ in prompts] if input else prompt, input or "--prompt", warn)
     live = out.isatty()
 
     def show(sample: int, text: str) -> None:
@@ -281,7 +305,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
 
     for number, (text, what) in enumerate(prompts, start=1):
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, num_samples=num_samples, what=what)
+                        seed=seed, num_samples=num_samples, what=what, warn=_told)
         if num_samples == 1:
             out.write(f"--- line {number} ---\n{text}" if input else text)
             generate_text(loaded, tokenizer, text, on_text=show, **sampling)
@@ -292,15 +316,24 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
             show(k, f"{header}\n{text}{sample}\n")
 
 
+def _told(message: str) -> None:
+    """The ``warn`` of a prompt whose warnings ``generate_to`` gave already, once for all prompts."""
+
+
 # the use side: evaluate -----------------------------------------------------------------------
 
 
 def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int | None = None,
-                batch_tokens: int = 4096) -> dict:
+                batch_tokens: int = 4096, what: str = "--text", warn=None) -> dict:
     """Loss (nats per token), perplexity and bits per character of a language model on ``lines``
     (``lm_scores`` on their ``text_stream``), in non-overlapping blocks of ``block_size`` tokens
-    (default: the model's ``max_positions``)."""
+    (default: the model's ``max_positions``). A line that is not valid Unicode is refused, naming
+    it as line N of ``what``; characters a character vocabulary lacks (read as ``<unk>``) are named
+    once by ``warn(message)``, by default a logging warning."""
     check_model(model, tokenizer, "generate")
+    for number, line in enumerate(lines, start=1):
+        check_text(line, f"{what} line {number}")
+    warn_unseen(tokenizer, lines, what, warn)
     limit = position_limit(model)
     block_size = block_size or model.cfg.max_positions
     if limit is not None and block_size > limit:
@@ -319,7 +352,7 @@ def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     need_file(path, "--text")
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
     batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens)
+    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens, path, warn)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "text": path}
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import mask_tokens
-from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -26,11 +26,13 @@ from .base import (
     TaskSpec,
     check_model,
     evaluating,
+    listing,
     model_device,
     pad_rows,
     position_limit,
     register_task,
     sentence_ids,
+    warn_unseen,
 )
 from .lm import refuse_empty_tail, text_splits
 
@@ -166,8 +168,9 @@ def token_text(tokenizer: Tokenizer, i: int) -> str:
 
 def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[int]:
     """``<s> pieces </s>`` of ``text`` with ``<mask>`` where the text says ``<mask>``: the pieces
-    between the masks are encoded on their own."""
-    if MASK not in text:
+    between the masks are encoded on their own. Text that is not valid Unicode is refused
+    (``check_text``), naming ``what``."""
+    if MASK not in check_text(text, what):
         raise AtencionError(f"{what}: no {MASK} in the text; write {MASK} where a token should be predicted")
     ids = [BOS_ID]
     for number, part in enumerate(text.strip().split(MASK)):
@@ -175,15 +178,18 @@ def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[in
     return ids + [EOS_ID]
 
 
-def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
-              what: str = "--text") -> list[list[tuple[str, float]]]:
+def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5, what: str = "--text",
+              warn=None) -> list[list[tuple[str, float]]]:
     """For each ``<mask>`` in ``text``, in order, the ``top_k`` most likely tokens (see
     ``token_text``) and their probabilities under an encoder's masked-LM head, most likely first.
-    All masks are predicted at once, each seeing the others as ``<mask>``."""
+    All masks are predicted at once, each seeing the others as ``<mask>``. Characters a
+    character vocabulary lacks (read as ``<unk>``) are named once by ``warn(message)``, by
+    default a logging warning."""
     check_model(model, tokenizer, "fill-mask")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise AtencionError(f"--top-k must be a positive integer, got {top_k!r}")
     ids = masked_ids(tokenizer, text, what)
+    warn_unseen(tokenizer, "".join(text.strip().split(MASK)), what, warn)
     limit = position_limit(model)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens with <s> and </s>, more than this model's learned "
@@ -196,13 +202,15 @@ def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
             for row_index, row_p in zip(index.tolist(), probabilities.tolist())]
 
 
-def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False, device: str = "cpu") -> str:
+def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False, device: str = "cpu",
+                   warn=None) -> str:
     """`atencion fill-mask`: ``fill_mask`` with the model directory ``model``, as text: for each
-    mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``)."""
+    mask its tokens (JSON strings) and probabilities, or one JSON object (``as_json``).
+    ``warn(message)`` hears of characters a character vocabulary lacks."""
     import json
 
     loaded, tokenizer = load_model_dir(model, device)
-    masks = fill_mask(loaded, tokenizer, text, top_k)
+    masks = fill_mask(loaded, tokenizer, text, top_k, warn=warn)
     if as_json:
         return json.dumps({"text": text, "masks": [[{"token": token, "probability": p} for token, p in mask]
                                                    for mask in masks]}, ensure_ascii=False) + "\n"
@@ -218,21 +226,34 @@ def fill_mask_text(model: str, text: str, top_k: int = 5, as_json: bool = False,
 
 def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: int = 4096, max_tokens: int = 1024,
                  seed: int = 0, probability: float = 0.15, what: str = "--text",
-                 count_from: list[str] | None = None) -> dict:
+                 count_from: list[str] | None = None, warn=None) -> dict:
     """Masked-token loss, perplexity and accuracy of a masked language model on the non-empty
     ``lines`` (``mlm_scores``: ``probability`` of the tokens masked as in training, drawn from
     ``seed``, so the same positions every time), beside the accuracy on the same positions of
     always guessing the most frequent token of ``count_from`` (the training text, when known),
     or else of these lines themselves: a baseline that has peeked at the test text's token
     counts. A line of more than ``max_tokens`` pieces (or beyond a learned position table) is
-    refused, naming it."""
+    refused, naming it. A line with no token to mask (only characters the tokenizer drops, such
+    as U+FEFF or U+200B) is left out, as an empty line is, and counted (``no_token_lines``).
+    ``warn(message)``, by default a logging warning, names those lines, and once the characters a
+    character vocabulary lacks (read as ``<unk>``)."""
     check_model(model, tokenizer, "fill-mask")
     numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
     if not numbers:
         raise AtencionError(f"{what}: no sentence; the text has only empty lines")
-    examples = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
-                            lambda i: f"{what} line {numbers[i]}")
+    encoded = sentence_ids(model, tokenizer, [lines[n - 1] for n in numbers], max_tokens,
+                           lambda i: f"{what} line {numbers[i]}")
+    warn_unseen(tokenizer, [line.strip() for line in lines], what, warn)
     masker = Masker(tokenizer, probability)
+    has_token = [any(i >= masker.first_regular or i == UNK_ID for i in e) for e in encoded]  # the maskable
+    examples = [e for e, keep in zip(encoded, has_token) if keep]
+    left_out = [n for n, keep in zip(numbers, has_token) if not keep]
+    if not examples:
+        raise AtencionError(f"{what}: no sentence; every line is empty or has no token to mask")
+    if left_out:
+        noun = "line" if len(left_out) == 1 else "lines"
+        (warn or log.warning)(f"{what}: left out {len(left_out)} {noun} with no token to mask: {noun} "
+                              f"{listing(left_out)}")
     device = model_device(model)
     with evaluating(model):
         scores = mlm_scores(model, masker, examples, batch_tokens, device, seed)
@@ -244,8 +265,8 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     for group in token_batches([(len(e), 0) for e in examples], batch_tokens, seed=None):
         _, targets = masker([examples[i] for i in group], generator)
         right += int((targets[targets != PAD_ID] == guess).sum())
-    return {**scores, "sentences": len(examples), "mask_probability": probability, "seed": seed,
-            "most_frequent_token": token_text(tokenizer, guess),
+    return {**scores, "sentences": len(examples), "no_token_lines": len(left_out), "mask_probability": probability,
+            "seed": seed, "most_frequent_token": token_text(tokenizer, guess),
             "most_frequent_token_accuracy": right / scores["masked"]}
 
 
@@ -256,7 +277,7 @@ def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
     batch_tokens = options.get("batch_tokens", 4096)
     scores = evaluate_mlm(loaded, tokenizer, read_lines(path), batch_tokens, options.get("max_input_tokens", 1024),
-                          what=path)
+                          what=path, warn=warn)
     return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
             "text": path}
 

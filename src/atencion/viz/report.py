@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TWO_STACKS
+from ..data.tokenizer import check_text
 from ..decode.settings import DecodeConfig, decode_config
 from ..errors import AtencionError
 from ..fileio import atomic_write, need_file, need_output_dir
@@ -84,11 +85,15 @@ def write_attention_report(model, tokenizer, src: str, out: str | Path, tgt: str
     ``AttentionMap.to_words``); bertviz.json stays piece-level. Files of these names in ``out``
     are replaced. Returns a summary: the pair, the layer-averaged word alignment, the files.
     A side of more than ``max_tokens`` subword pieces is refused before the maps are drawn (their
-    size grows with the square of the length); the source is checked before any work.
+    size grows with the square of the length); the source is checked before any work, as is text
+    that is not valid Unicode (``check_text``).
     """
     from ..decode.translate import translate_lines
 
     decode = decode_config(decode, **settings)
+    check_text(src, "--src")
+    if tgt is not None:
+        check_text(tgt, "--tgt")
     require_cross_attention(model, "a sentence pair's attention (--src, --tgt)")
     out = _output_dir(out)
     _check_length("--src", len(tokenizer.src_pieces(src)), max_tokens)
@@ -117,6 +122,7 @@ def write_self_attention_report(model, tokenizer, text: str, out: str | Path, wo
     as in ``write_attention_report``. A sequence of more than ``max_tokens`` tokens in all
     (text, generated tokens, and a BERT's <s> and </s>) is refused before any work. Returns a
     summary: the text, what was generated, the number of tokens (new ones among them), the files."""
+    check_text(text, "--text")
     out = _output_dir(out)
     total = len(self_attention_ids(model, tokenizer, text)) + max_new_tokens
     if total > max_tokens:
