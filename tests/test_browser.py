@@ -30,8 +30,8 @@ SENTENCE = "el gato negro come el ratón"
 TRANSLATION = "the black cat eats the mouse"
 KEY = "s3cret-key"
 
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):  # as scripts/test.sh's [ -x ] sees it
+    pytest.skip(f"{CHROMIUM} is missing or not executable (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 

@@ -93,12 +93,11 @@ def test_the_trainable_parameters_are_rank_times_d_in_plus_d_out_per_target(targ
     assert trainable == expected > 0
 
 
-# Hugging Face PEFT as the independent implementation ----------------------------------------------
-
-peft = pytest.importorskip("peft")
+# Hugging Face PEFT as the independent implementation (these tests alone skip without peft) ----------------
 
 
 def peft_model(base: Transformer, targets: list[str], rank: int, alpha: float):
+    peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets)
     return peft.inject_adapter_in_model(config, copy.deepcopy(base)).eval()
 

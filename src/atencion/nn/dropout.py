@@ -5,10 +5,11 @@ torch's CPU dropout draws one random number per element from its (serial) Mersen
 5.6 ms for a 5,000 × 128 activation on this project's CPU, about 12% of a Transformer-Tiny
 training step. Here each 64-bit draw gives four 16-bit uniform integers u, and an element is
 dropped when u < round(p · 65536): four times fewer draws and one comparison (1.2 ms for the same
-tensor). The drop probability is therefore p rounded to a multiple of 1/65536 (0.1 becomes
-0.100006), and kept elements are scaled by 1 / (1 − that probability), so the expectation is
-exact. On other devices (CUDA's dropout is fused and fast) and for p whose rounding would be 0
-or 1, torch's dropout runs.
+tensor; benchmarks/dropout.py compares the two at the shapes training uses). The drop
+probability is therefore p rounded to a multiple of 1/65536 (0.1 becomes 0.100006), and kept
+elements are scaled by 1 / (1 − that probability), so the expectation is exact. On other devices
+(CUDA's dropout is one fused kernel, which this mask is not expected to beat; not measured) and
+for p whose rounding would be 0 or 1, torch's dropout runs.
 """
 
 from __future__ import annotations
