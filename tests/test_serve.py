@@ -313,3 +313,39 @@ def test_a_model_answers_the_table_s_endpoints_it_is_capable_of_its_own_task_s_f
 
     cfg = ModelConfig(vocab_size=30, arch=arch, num_labels=num_labels)
     assert LoadedModel("m", "", SimpleNamespace(cfg=cfg), SimpleNamespace(mask_id=mask_id)).endpoints == endpoints
+
+
+def test_an_internal_error_is_a_500_counted_in_metrics_and_logged_as_one_json_line(demo_model_dir, monkeypatch,
+                                                                                   caplog):
+    """A bug in a handler (here a RuntimeError) is answered 500 with a JSON error, and, like every
+    other response, counted in /metrics by endpoint and status and logged as one JSON line."""
+    import logging
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from atencion.serve import app as served
+
+    async def broken(body, m, ctx):
+        raise RuntimeError("a bug in the handler")
+
+    translate = served.MODEL_ENDPOINTS[0]
+    monkeypatch.setattr(served, "MODEL_ENDPOINTS", (replace(translate, handler=broken), *served.MODEL_ENDPOINTS[1:]))
+    monkeypatch.setattr(logging.getLogger("atencion.serve"), "propagate", True)  # run.serve turns it off
+    caplog.set_level(logging.INFO, logger="atencion.serve")
+    model, tokenizer = load_model_dir(demo_model_dir)
+    app = create_app([LoadedModel("demo", str(demo_model_dir), model, tokenizer)])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/translate", json={"sentences": ["el gato"]})
+        assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError); the server keeps "
+                                                              "serving"}, r.text
+        assert client.get("/health").status_code == 200
+        metrics = client.get("/metrics").text
+    assert 'atencion_requests_total{endpoint="/translate",status="500"} 1.0' in metrics, metrics
+    assert 'atencion_request_seconds_count{endpoint="/translate"} 1.0' in metrics, metrics
+    lines = [json.loads(record.getMessage()) for record in caplog.records
+             if record.name == "atencion.serve" and record.getMessage().startswith("{")]
+    assert [(line["method"], line["path"], line["status"]) for line in lines] == [
+        ("POST", "/translate", 500), ("GET", "/health", 200), ("GET", "/metrics", 200)], lines
+    assert any("a bug in the handler" in record.getMessage() for record in caplog.records
+               if record.levelname == "ERROR")  # the traceback, for whoever mends it

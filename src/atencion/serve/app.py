@@ -390,17 +390,22 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception):
-        log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
-        return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
+        return _internal_error(request, exc)
 
     # every request: size limit, key, metrics, one log line --------------------------------------
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        """Every response, a 500 included, is counted and logged: an exception raised through
+        ``call_next`` would pass this middleware by and reach ``bug`` outside it, so it is
+        answered here."""
         began = time.perf_counter()
         path = request.url.path
         endpoint = path if path in counted else "other"
-        response = await _checked(request, call_next, settings)
+        try:
+            response = await _checked(request, call_next, settings)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered 500, and counted like any answer
+            response = _internal_error(request, exc)
         seconds = time.perf_counter() - began
         ctx.metrics.request(endpoint, response.status_code, seconds)
         log.info(json.dumps({"method": request.method, "path": path, "status": response.status_code,
@@ -456,6 +461,12 @@ def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[di
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
+    """A bug's answer: 500 without the traceback, which goes to the log."""
+    log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
+    return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
 
 
 async def _checked(request: Request, call_next, settings: ServeSettings) -> Response:
