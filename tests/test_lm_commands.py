@@ -398,3 +398,59 @@ BAD_REQUESTS = [
 def test_a_bad_request_is_a_4xx_naming_the_field(client, endpoint, body, status, message):
     r = client.post(f"/{endpoint}", json=body)
     assert r.status_code == status and message in r.json()["error"], r.text
+
+
+@pytest.fixture(scope="module")
+def every_kind(loaded, models):
+    """A server with a model of every kind: GPTs on characters and SentencePiece, a BERT, a
+    classifier and a translator."""
+    served = [LoadedModel(name, models[name], *loaded[name])
+              for name in ("gpt", "gpt-sp", "bert", "classifier", "translator")]
+    with TestClient(create_app(served, ServeSettings(max_new_tokens=40, max_samples=4, max_tokens=30))) as c:
+        yield c
+
+
+GOOD = {"translate": {"model": "translator", "sentences": ["the cat"], "beam": 1, "max_len_b": 5},
+        "generate": {"model": "gpt", "prompt": "the", "max_new_tokens": 3},
+        "fill-mask": {"model": "bert", "text": "the <mask>"},
+        "classify": {"model": "classifier", "texts": ["the cat"]}}
+
+NOT_UNICODE = [  # bodies as JSON text: "\\ud83d" is valid JSON for a lone surrogate, which no UTF-8 can carry
+    ("translate", r'{"model": "translator", "sentences": ["the cat", "the \ud83d cat"]}',
+     "sentences.1: not valid Unicode (a lone surrogate at character 5)"),
+    ("generate", r'{"model": "gpt", "prompt": "the \ud83d", "max_new_tokens": 3}',
+     "prompt: not valid Unicode (a lone surrogate at character 5)"),
+    ("generate", r'{"model": "gpt-sp", "prompt": "\ude00the"}', "prompt: not valid Unicode (a lone surrogate at "
+                                                                "character 1)"),
+    ("fill-mask", r'{"model": "bert", "text": "the <mask> \udfff"}',
+     "text: not valid Unicode (a lone surrogate at character 12)"),
+    ("classify", r'{"model": "classifier", "texts": ["fine", "x\ud800"]}',
+     "texts.1: not valid Unicode (a lone surrogate at character 2)"),
+    ("classify", r'{"model": "classifier\ud800", "texts": ["fine"]}',
+     "model: not valid Unicode (a lone surrogate at character 11)"),
+    ("translate", r'{"model": "translator", "sentences": ["the cat"], "\ud83d": 1}',
+     r"body: the field name '\ud83d' is not valid Unicode (a lone surrogate at character 1)"),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, message", NOT_UNICODE, ids=[f"{e} {b[:40]}" for e, b, _ in NOT_UNICODE])
+def test_text_that_is_not_valid_unicode_is_422_naming_the_field_before_any_work(every_kind, monkeypatch, endpoint,
+                                                                                body, message):
+    from atencion.serve import app as served
+
+    calls = []
+
+    def spy(name, original):
+        def called(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return called
+
+    for name in ("generate_text", "fill_mask", "classify_probabilities"):
+        monkeypatch.setattr(served, name, spy(name, getattr(served, name)))
+    monkeypatch.setattr(served.Batcher, "submit", spy("submit", served.Batcher.submit))
+    r = every_kind.post(f"/{endpoint}", content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json() == {"error": message}, r.text
+    assert calls == []  # refused before any work
+    good = every_kind.post(f"/{endpoint}", json=GOOD[endpoint])
+    assert good.status_code == 200 and calls, good.text  # and the next request is answered

@@ -22,6 +22,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 import traceback
 from contextlib import asynccontextmanager, contextmanager
@@ -50,6 +51,7 @@ FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by na
 STATIC = ("explorer.js", "explorer.css")
 NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
 
 
 @dataclass
@@ -494,16 +496,48 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
 
 
 async def _json(request: Request) -> Any:
-    """The body decoded as JSON, whatever its content type says; a 422 saying why not otherwise."""
+    """The body decoded as JSON, whatever its content type says, every string in it valid Unicode;
+    a 422 saying why not otherwise."""
     raw = await request.body()
     try:
-        return json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
+    fault = _not_unicode(data)
+    if fault is not None:
+        raise Refused(422, fault)
+    return data
+
+
+def _not_unicode(data: Any) -> str | None:
+    """Where the decoded JSON ``data`` holds a string that is not valid Unicode, named as a field
+    ("sentences.1: ..."), or None. JSON may escape half of a surrogate pair alone ("\\ud83d"), which
+    Python decodes to a string that no UTF-8 can carry: the tokenizers and the response would fail
+    on it. Every string is looked at, field names and the model's name too, walking the body
+    without recursion (it may be nested as deep as the parser allows)."""
+    stack: list[tuple[str, Any, bool]] = [("", data, False)]
+    while stack:
+        where, item, is_key = stack.pop()
+        if isinstance(item, str):
+            bad = SURROGATE.search(item)
+            if bad is not None:
+                what = f"the field name {item!r} is not" if is_key else "not"
+                return f"{where or 'body'}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
+        elif isinstance(item, dict):
+            for key, value in reversed(item.items()):  # popped in the body's order
+                stack.append((_join(where, key), value, False))
+                stack.append((where, key, True))
+        elif isinstance(item, list):
+            stack.extend((_join(where, i), value, False) for i, value in reversed(list(enumerate(item))))
+    return None
+
+
+def _join(where: str, part: Any) -> str:
+    return f"{where}.{part}" if where else str(part)
 
 
 def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
