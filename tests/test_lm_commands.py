@@ -454,3 +454,24 @@ def test_text_that_is_not_valid_unicode_is_422_naming_the_field_before_any_work(
     assert calls == []  # refused before any work
     good = every_kind.post(f"/{endpoint}", json=GOOD[endpoint])
     assert good.status_code == 200 and calls, good.text  # and the next request is answered
+
+
+@pytest.mark.parametrize("value", [1e-300, 1e-50])
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_a_temperature_or_top_p_that_float32_reads_as_0_is_422_naming_it_never_500(every_kind, field, value):
+    r = every_kind.post("/generate", json={"model": "gpt", "max_new_tokens": 3, "seed": 1, field: value})
+    assert r.status_code == 422 and r.json()["error"] == (
+        f"{field}: {value!r} is too small for float32, where sampling runs; give "
+        + ("0 for greedy decoding or " if field == "temperature" else "") + "at least 1e-30"), r.text
+
+
+@pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
+def test_the_smallest_temperature_and_top_p_the_server_takes_sample_the_greedy_text(every_kind, name):
+    def texts(**sampling):
+        r = every_kind.post("/generate", json={"model": name, "prompt": "the", "max_new_tokens": 8, "seed": 3,
+                                               "num_samples": 2, **sampling})
+        assert r.status_code == 200, r.text
+        return r.json()["texts"]
+
+    greedy = texts(temperature=0)
+    assert texts(temperature=1e-30) == greedy and texts(top_p=1e-30) == greedy

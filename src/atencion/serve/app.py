@@ -32,7 +32,8 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 from .. import tasks
@@ -51,6 +52,7 @@ FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by na
 STATIC = ("explorer.js", "explorer.css")
 NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
+SMALLEST = 1e-30  # the least positive temperature and top_p of /generate (float32's smallest normal: 1.2e-38)
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
 
 
@@ -190,7 +192,13 @@ class TranslateRequest(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
+    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit).
+
+    temperature is 0 (greedy) or from SMALLEST (1e-30) to 100, top_p from SMALLEST to 1: sampling
+    runs in float32, where a smaller positive number is 0 (below 1.4e-45) or subnormal, and
+    dividing the logits by it or cutting the nucleus at it makes no distribution to draw from. A
+    value that small is refused (422 naming the field) rather than guessed at; any temperature or
+    top_p near SMALLEST already samples the greedy text."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str = ""
@@ -201,6 +209,15 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     num_samples: int = Field(1, ge=1)
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _not_too_small(cls, value: float, info: ValidationInfo) -> float:
+        if 0 < value < SMALLEST:
+            greedy = "0 for greedy decoding or " if info.field_name == "temperature" else ""
+            raise PydanticCustomError("too_small_for_float32", f"{value!r} is too small for float32, where "
+                                                               f"sampling runs; give {greedy}at least {SMALLEST:g}")
+        return value
 
 
 class FillMaskRequest(BaseModel):
