@@ -475,3 +475,53 @@ def test_the_smallest_temperature_and_top_p_the_server_takes_sample_the_greedy_t
 
     greedy = texts(temperature=0)
     assert texts(temperature=1e-30) == greedy and texts(top_p=1e-30) == greedy
+
+
+UNPROCESSABLE = [  # (endpoint, body): each a 422 whose message starts with the field it names
+    ("generate", {"model": "gpt-sp", "prompt": " "}),  # no tokens at all: SentencePiece drops the space
+    ("generate", {"model": "gpt-sp", "prompt": "   \t "}),
+    ("generate", {"model": "gpt", "prompt": "ab" * 40, "max_new_tokens": 10}),  # past the learned positions
+    ("generate", {"model": "gpt-sp", "prompt": "the cat " * 30}),
+    ("generate", {"model": "gpt", "prompt": "a" * 5000}),
+    ("generate", {"model": "gpt", "max_new_tokens": 0}), ("generate", {"model": "gpt", "max_new_tokens": 41}),
+    ("generate", {"model": "gpt", "num_samples": 0}), ("generate", {"model": "gpt", "num_samples": 5}),
+    ("generate", {"model": "gpt", "top_k": -1}), ("generate", {"model": "gpt", "top_p": 0}),
+    ("generate", {"model": "gpt", "top_p": 1.5}), ("generate", {"model": "gpt", "top_p": 1e-50}),
+    ("generate", {"model": "gpt", "temperature": -1}), ("generate", {"model": "gpt", "temperature": 101}),
+    ("generate", {"model": "gpt", "temperature": 1e-300}), ("generate", {"model": "gpt", "temperature": "1"}),
+    ("generate", {"model": "gpt", "seed": -1}), ("generate", {"model": "gpt", "prompt": None}),
+    ("fill-mask", {"model": "bert", "text": "no mask"}), ("fill-mask", {"model": "bert", "text": "a <mask>",
+                                                                         "top_k": 0}),
+    ("fill-mask", {"model": "bert", "text": "a " * 40 + MASK}), ("fill-mask", {"model": "bert", "text": MASK * 40}),
+    ("fill-mask", {"model": "bert", "text": "a" * 5000 + MASK}), ("fill-mask", {"model": "bert"}),
+    ("classify", {"model": "classifier", "texts": []}), ("classify", {"model": "classifier", "texts": [1]}),
+    ("classify", {"model": "classifier", "texts": ["a " * 40]}),
+    ("classify", {"model": "classifier", "texts": ["a"] * 65}),
+    ("classify", {"model": "classifier", "texts": ["fine", "b" * 5000]}),
+    ("translate", {"model": "translator", "sentences": [" "]}),
+    ("translate", {"model": "translator", "sentences": ["a " * 40]}),
+    ("translate", {"model": "translator", "sentences": ["the"], "beam": 0}),
+    ("translate", {"model": "translator", "sentences": ["the"], "beam": 2, "nbest": 3}),
+    ("translate", {"model": "translator", "sentences": ["the"], "max_len_b": 5000}),
+]
+
+
+@pytest.mark.parametrize("endpoint, body", UNPROCESSABLE, ids=[f"{e} {json.dumps(b)[:50]}" for e, b in UNPROCESSABLE])
+def test_the_server_s_422_names_its_own_field_never_a_command_line_option(every_kind, endpoint, body):
+    from atencion.serve.app import MODEL_ENDPOINTS
+
+    schema = next(e.schema for e in MODEL_ENDPOINTS if e.name == endpoint)
+    r = every_kind.post(f"/{endpoint}", json=body)
+    error = r.json()["error"]
+    assert r.status_code == 422 and "--" not in error, r.text
+    assert error.split(":")[0].split(".")[0] in schema.model_fields, r.text
+
+
+@pytest.mark.parametrize("endpoint, field", [("generate", "temperature"), ("generate", "top_p"),
+                                             ("translate", "alpha"), ("translate", "max_len_a"),
+                                             ("translate", "beam")])
+def test_nan_is_422_saying_it_is_not_a_number(every_kind, endpoint, field):
+    body = {"model": "translator", "sentences": ["the"]} if endpoint == "translate" else {"model": "gpt"}
+    r = every_kind.post(f"/{endpoint}", content=json.dumps({**body, field: float("nan")}),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json() == {"error": f"{field}: NaN is not a number"}, r.text

@@ -22,6 +22,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import re
 import time
 import traceback
@@ -177,10 +178,23 @@ class Endpoint:
 # the requests ------------------------------------------------------------------------------------
 
 
-class TranslateRequest(BaseModel):
-    """POST /translate."""
+class RequestBody(BaseModel):
+    """What every request schema shares: no unknown fields, no conversions, and NaN (which
+    Python's JSON reads) refused as not a number, rather than as out of a field's range."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if isinstance(value, float) and math.isnan(value):
+            raise PydanticCustomError("not_a_number", "NaN is not a number")
+        return value
+
+
+class TranslateRequest(RequestBody):
+    """POST /translate."""
+
     sentences: list[str] = Field(min_length=1)
     model: str | None = None
     beam: int = Field(4, ge=1, le=16)
@@ -191,7 +205,7 @@ class TranslateRequest(BaseModel):
     attention: bool = False
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestBody):
     """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit).
 
     temperature is 0 (greedy) or from SMALLEST (1e-30) to 100, top_p from SMALLEST to 1: sampling
@@ -200,7 +214,6 @@ class GenerateRequest(BaseModel):
     value that small is refused (422 naming the field) rather than guessed at; any temperature or
     top_p near SMALLEST already samples the greedy text."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str = ""
     model: str | None = None
     max_new_tokens: int | None = Field(None, ge=1)
@@ -220,19 +233,17 @@ class GenerateRequest(BaseModel):
         return value
 
 
-class FillMaskRequest(BaseModel):
+class FillMaskRequest(RequestBody):
     """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     text: str
     model: str | None = None
     top_k: int = Field(5, ge=1, le=100)
 
 
-class ClassifyRequest(BaseModel):
+class ClassifyRequest(RequestBody):
     """POST /classify: see ``tasks.classify.classify_probabilities``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str] = Field(min_length=1)
     model: str | None = None
 
@@ -315,6 +326,9 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     ctx.check_length("prompt", body.prompt)
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+    if not ids:  # the sampler would refuse it in the command line's words
+        raise Refused(422, "prompt: the prompt has no tokens (this tokenizer drops blanks alone); give some text, "
+                           "or \"\" to start a new line")
     ctx.check_length("prompt", body.prompt, len(ids))
     texts = await ctx.run(m, lambda: generate_text(
         m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
