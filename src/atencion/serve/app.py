@@ -26,7 +26,7 @@ import math
 import re
 import time
 import traceback
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any, Awaitable, Callable
@@ -36,6 +36,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import tasks
 from ..config import TWO_STACKS
@@ -70,6 +71,7 @@ class ServeSettings:
     max_body_bytes: int = 1 << 20   # request body size (413 above it)
     max_queue: int = 256            # requests waiting per model (429 above it)
     timeout_s: float = 60.0         # per request, queueing included (504 after it)
+    read_timeout_s: float = 10.0    # to send a request's headers, and its body (408), and to idle between requests
     api_key: str | None = None      # when set, every endpoint but /health needs it
 
 
@@ -503,7 +505,9 @@ def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
 
 
 async def _checked(request: Request, call_next, settings: ServeSettings) -> Response:
-    """The body-size limit and the API key, before the endpoint runs."""
+    """The API key, the body-size limit and the read timeout, before the endpoint runs: a POST's
+    body is read here, whole, within ``read_timeout_s`` (408 and the connection closed after it,
+    so that a client that stalls mid-body holds nothing), and the endpoint reads it from here."""
     if settings.api_key is not None and request.url.path != "/health":
         given = request.headers.get("x-api-key") or request.query_params.get("key") or ""
         bearer = request.headers.get("authorization", "")
@@ -513,17 +517,35 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
             return JSONResponse({"error": "missing or wrong API key (header X-API-Key or Authorization: "
                                           "Bearer KEY)"}, status_code=401)
     length = request.headers.get("content-length")
+    too_large = JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"}, status_code=413)
     if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-        return JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"}, status_code=413)
-    if request.method == "POST" and length is None:  # chunked: count while reading
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_body_bytes:
-                return JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"},
-                                    status_code=413)
+        return too_large
+    if request.method == "POST":
+        try:
+            body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.read_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"error": f"the request body did not arrive within {settings.read_timeout_s:g} s; "
+                                          f"the connection is closed"}, status_code=408,
+                                headers={"Connection": "close"})
+        except ClientDisconnect:
+            return JSONResponse({"error": "the client closed the connection before the body was whole"},
+                                status_code=400)
+        if body is None:  # chunked, and over the limit
+            return too_large
         request._body = body  # the endpoint reads it from here
     return await call_next(request)
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it passes ``limit`` bytes (counted while reading: a
+    chunked body declares no length)."""
+    body = bytearray()
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            body += chunk
+            if len(body) > limit:
+                return None
+    return bytes(body)
 
 
 async def _json(request: Request) -> Any:
