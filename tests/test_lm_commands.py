@@ -358,9 +358,14 @@ def test_info_tells_each_model_s_task_and_endpoints(client):
 
 def test_a_worker_runs_one_request_at_a_time_refuses_past_its_queue_and_times_out():
     async def scenario():
-        worker, gate = Worker(max_queue=1), threading.Event()
-        first = asyncio.create_task(worker.run(lambda: gate.wait(10) and "done", 10))
-        await asyncio.sleep(0.05)
+        worker, started, gate = Worker(max_queue=1), threading.Event(), threading.Event()
+
+        def slow():
+            started.set()
+            return gate.wait(10) and "done"
+
+        first = asyncio.create_task(worker.run(slow, 10))
+        assert await asyncio.to_thread(started.wait, 10)  # it runs on the worker's thread
         assert len(worker) == 1
         with pytest.raises(QueueFull):
             await worker.run(lambda: "second", 10)

@@ -168,6 +168,7 @@ def test_metrics_count_requests_by_endpoint_and_status(url):
     httpx.post(f"{url}/translate", json={"sentences": []})
     text = httpx.get(f"{url}/metrics").text
     assert 'atencion_requests_total{endpoint="/translate",status="422"}' in text
+    assert 'atencion_requests_in_flight{endpoint="/metrics"} 1.0' in text  # itself, while it answers
     for name in ("atencion_request_seconds_bucket", "atencion_sentences_total", "atencion_tokens_total",
                  "atencion_queue_depth", "atencion_batch_sentences_bucket"):
         assert name in text
@@ -233,8 +234,12 @@ def test_sigterm_stops_the_server_after_the_request_in_flight(demo_model_dir, tm
         with ThreadPoolExecutor(1) as pool:
             slow = pool.submit(httpx.post, f"{base}/translate", json={"sentences": SENTENCES * 16, "beam": 8},
                                timeout=120)
-            time.sleep(0.5)  # the request is in flight
-            process.send_signal(signal.SIGTERM)
+            deadline = time.time() + 60
+            while 'atencion_requests_in_flight{endpoint="/translate"} 1.0' not in httpx.get(f"{base}/metrics").text:
+                assert not slow.done(), "the request was answered (or failed) before it was seen in flight"
+                assert time.time() < deadline, "the request never showed in flight in /metrics"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGTERM)  # the server has the request and has not answered it
             answer = slow.result()
         assert answer.status_code == 200 and len(answer.json()["translations"]) == 64
         assert process.wait(60) == -signal.SIGTERM  # it ends by the signal, as uvicorn does, once idle

@@ -437,10 +437,11 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         began = time.perf_counter()
         path = request.url.path
         endpoint = path if path in counted else "other"
-        try:
-            response = await _checked(request, call_next, settings)
-        except Exception as exc:  # noqa: BLE001 - a bug: answered 500, and counted like any answer
-            response = _internal_error(request, exc)
+        with ctx.metrics.in_flight(endpoint):
+            try:
+                response = await _checked(request, call_next, settings)
+            except Exception as exc:  # noqa: BLE001 - a bug: answered 500, and counted like any answer
+                response = _internal_error(request, exc)
         seconds = time.perf_counter() - began
         ctx.metrics.request(endpoint, response.status_code, seconds)
         log.info(json.dumps({"method": request.method, "path": path, "status": response.status_code,
