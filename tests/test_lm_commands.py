@@ -529,9 +529,14 @@ def test_info_tells_each_model_s_task_and_endpoints(client):
 
 def test_a_worker_runs_one_request_at_a_time_refuses_past_its_queue_and_times_out():
     async def scenario():
-        worker, gate = Worker(max_queue=1), threading.Event()
-        first = asyncio.create_task(worker.run(lambda: gate.wait(10) and "done", 10))
-        await asyncio.sleep(0.05)
+        worker, started, gate = Worker(max_queue=1), threading.Event(), threading.Event()
+
+        def slow():
+            started.set()
+            return gate.wait(10) and "done"
+
+        first = asyncio.create_task(worker.run(slow, 10))
+        assert await asyncio.to_thread(started.wait, 10)  # it runs on the worker's thread
         assert len(worker) == 1
         with pytest.raises(QueueFull):
             await worker.run(lambda: "second", 10)
@@ -569,3 +574,130 @@ BAD_REQUESTS = [
 def test_a_bad_request_is_a_4xx_naming_the_field(client, endpoint, body, status, message):
     r = client.post(f"/{endpoint}", json=body)
     assert r.status_code == status and message in r.json()["error"], r.text
+
+
+@pytest.fixture(scope="module")
+def every_kind(loaded, models):
+    """A server with a model of every kind: GPTs on characters and SentencePiece, a BERT, a
+    classifier and a translator."""
+    served = [LoadedModel(name, models[name], *loaded[name])
+              for name in ("gpt", "gpt-sp", "bert", "classifier", "translator")]
+    with TestClient(create_app(served, ServeSettings(max_new_tokens=40, max_samples=4, max_tokens=30))) as c:
+        yield c
+
+
+GOOD = {"translate": {"model": "translator", "sentences": ["the cat"], "beam": 1, "max_len_b": 5},
+        "generate": {"model": "gpt", "prompt": "the", "max_new_tokens": 3},
+        "fill-mask": {"model": "bert", "text": "the <mask>"},
+        "classify": {"model": "classifier", "texts": ["the cat"]}}
+
+NOT_UNICODE = [  # bodies as JSON text: "\\ud83d" is valid JSON for a lone surrogate, which no UTF-8 can carry
+    ("translate", r'{"model": "translator", "sentences": ["the cat", "the \ud83d cat"]}',
+     "sentences.1: not valid Unicode (a lone surrogate at character 5)"),
+    ("generate", r'{"model": "gpt", "prompt": "the \ud83d", "max_new_tokens": 3}',
+     "prompt: not valid Unicode (a lone surrogate at character 5)"),
+    ("generate", r'{"model": "gpt-sp", "prompt": "\ude00the"}', "prompt: not valid Unicode (a lone surrogate at "
+                                                                "character 1)"),
+    ("fill-mask", r'{"model": "bert", "text": "the <mask> \udfff"}',
+     "text: not valid Unicode (a lone surrogate at character 12)"),
+    ("classify", r'{"model": "classifier", "texts": ["fine", "x\ud800"]}',
+     "texts.1: not valid Unicode (a lone surrogate at character 2)"),
+    ("classify", r'{"model": "classifier\ud800", "texts": ["fine"]}',
+     "model: not valid Unicode (a lone surrogate at character 11)"),
+    ("translate", r'{"model": "translator", "sentences": ["the cat"], "\ud83d": 1}',
+     r"body: the field name '\ud83d' is not valid Unicode (a lone surrogate at character 1)"),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, message", NOT_UNICODE, ids=[f"{e} {b[:40]}" for e, b, _ in NOT_UNICODE])
+def test_text_that_is_not_valid_unicode_is_422_naming_the_field_before_any_work(every_kind, monkeypatch, endpoint,
+                                                                                body, message):
+    from atencion.serve import app as served
+
+    calls = []
+
+    def spy(name, original):
+        def called(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return called
+
+    for name in ("generate_text", "fill_mask", "classify_probabilities"):
+        monkeypatch.setattr(served, name, spy(name, getattr(served, name)))
+    monkeypatch.setattr(served.Batcher, "submit", spy("submit", served.Batcher.submit))
+    r = every_kind.post(f"/{endpoint}", content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json() == {"error": message}, r.text
+    assert calls == []  # refused before any work
+    good = every_kind.post(f"/{endpoint}", json=GOOD[endpoint])
+    assert good.status_code == 200 and calls, good.text  # and the next request is answered
+
+
+@pytest.mark.parametrize("value", [1e-300, 1e-50])
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_a_temperature_or_top_p_that_float32_reads_as_0_is_422_naming_it_never_500(every_kind, field, value):
+    r = every_kind.post("/generate", json={"model": "gpt", "max_new_tokens": 3, "seed": 1, field: value})
+    assert r.status_code == 422 and r.json()["error"] == (
+        f"{field}: {value!r} is too small for float32, where sampling runs; give "
+        + ("0 for greedy decoding or " if field == "temperature" else "") + "at least 1e-30"), r.text
+
+
+@pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
+def test_the_smallest_temperature_and_top_p_the_server_takes_sample_the_greedy_text(every_kind, name):
+    def texts(**sampling):
+        r = every_kind.post("/generate", json={"model": name, "prompt": "the", "max_new_tokens": 8, "seed": 3,
+                                               "num_samples": 2, **sampling})
+        assert r.status_code == 200, r.text
+        return r.json()["texts"]
+
+    greedy = texts(temperature=0)
+    assert texts(temperature=1e-30) == greedy and texts(top_p=1e-30) == greedy
+
+
+UNPROCESSABLE = [  # (endpoint, body): each a 422 whose message starts with the field it names
+    ("generate", {"model": "gpt-sp", "prompt": " "}),  # no tokens at all: SentencePiece drops the space
+    ("generate", {"model": "gpt-sp", "prompt": "   \t "}),
+    ("generate", {"model": "gpt", "prompt": "ab" * 40, "max_new_tokens": 10}),  # past the learned positions
+    ("generate", {"model": "gpt-sp", "prompt": "the cat " * 30}),
+    ("generate", {"model": "gpt", "prompt": "a" * 5000}),
+    ("generate", {"model": "gpt", "max_new_tokens": 0}), ("generate", {"model": "gpt", "max_new_tokens": 41}),
+    ("generate", {"model": "gpt", "num_samples": 0}), ("generate", {"model": "gpt", "num_samples": 5}),
+    ("generate", {"model": "gpt", "top_k": -1}), ("generate", {"model": "gpt", "top_p": 0}),
+    ("generate", {"model": "gpt", "top_p": 1.5}), ("generate", {"model": "gpt", "top_p": 1e-50}),
+    ("generate", {"model": "gpt", "temperature": -1}), ("generate", {"model": "gpt", "temperature": 101}),
+    ("generate", {"model": "gpt", "temperature": 1e-300}), ("generate", {"model": "gpt", "temperature": "1"}),
+    ("generate", {"model": "gpt", "seed": -1}), ("generate", {"model": "gpt", "prompt": None}),
+    ("fill-mask", {"model": "bert", "text": "no mask"}), ("fill-mask", {"model": "bert", "text": "a <mask>",
+                                                                         "top_k": 0}),
+    ("fill-mask", {"model": "bert", "text": "a " * 40 + MASK}), ("fill-mask", {"model": "bert", "text": MASK * 40}),
+    ("fill-mask", {"model": "bert", "text": "a" * 5000 + MASK}), ("fill-mask", {"model": "bert"}),
+    ("classify", {"model": "classifier", "texts": []}), ("classify", {"model": "classifier", "texts": [1]}),
+    ("classify", {"model": "classifier", "texts": ["a " * 40]}),
+    ("classify", {"model": "classifier", "texts": ["a"] * 65}),
+    ("classify", {"model": "classifier", "texts": ["fine", "b" * 5000]}),
+    ("translate", {"model": "translator", "sentences": [" "]}),
+    ("translate", {"model": "translator", "sentences": ["a " * 40]}),
+    ("translate", {"model": "translator", "sentences": ["the"], "beam": 0}),
+    ("translate", {"model": "translator", "sentences": ["the"], "beam": 2, "nbest": 3}),
+    ("translate", {"model": "translator", "sentences": ["the"], "max_len_b": 5000}),
+]
+
+
+@pytest.mark.parametrize("endpoint, body", UNPROCESSABLE, ids=[f"{e} {json.dumps(b)[:50]}" for e, b in UNPROCESSABLE])
+def test_the_server_s_422_names_its_own_field_never_a_command_line_option(every_kind, endpoint, body):
+    from atencion.serve.app import MODEL_ENDPOINTS
+
+    schema = next(e.schema for e in MODEL_ENDPOINTS if e.name == endpoint)
+    r = every_kind.post(f"/{endpoint}", json=body)
+    error = r.json()["error"]
+    assert r.status_code == 422 and "--" not in error, r.text
+    assert error.split(":")[0].split(".")[0] in schema.model_fields, r.text
+
+
+@pytest.mark.parametrize("endpoint, field", [("generate", "temperature"), ("generate", "top_p"),
+                                             ("translate", "alpha"), ("translate", "max_len_a"),
+                                             ("translate", "beam")])
+def test_nan_is_422_saying_it_is_not_a_number(every_kind, endpoint, field):
+    body = {"model": "translator", "sentences": ["the"]} if endpoint == "translate" else {"model": "gpt"}
+    r = every_kind.post(f"/{endpoint}", content=json.dumps({**body, field: float("nan")}),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json() == {"error": f"{field}: NaN is not a number"}, r.text

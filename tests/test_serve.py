@@ -20,6 +20,7 @@ import uvicorn
 from atencion.decode.translate import translate_lines
 from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
+from atencion.serve.run import uvicorn_config
 
 SENTENCES = ["el gato negro come el ratón", "el banco aprobó el crédito", "las casas blancas eran viejas",
              "el hombre se sentó en el banco"]
@@ -33,11 +34,13 @@ def free_port() -> int:
 
 @contextmanager
 def running(model_dir, **settings):
-    """A server on a free loopback port, in a thread of this process; yields its base URL."""
+    """A server on a free loopback port, in a thread of this process, configured as `atencion
+    serve` configures uvicorn; yields its base URL."""
     model, tokenizer = load_model_dir(model_dir)
-    app = create_app([LoadedModel("demo", str(model_dir), model, tokenizer)], ServeSettings(**settings))
+    limits = ServeSettings(**settings)
+    app = create_app([LoadedModel("demo", str(model_dir), model, tokenizer)], limits)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, limits))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -165,6 +168,7 @@ def test_metrics_count_requests_by_endpoint_and_status(url):
     httpx.post(f"{url}/translate", json={"sentences": []})
     text = httpx.get(f"{url}/metrics").text
     assert 'atencion_requests_total{endpoint="/translate",status="422"}' in text
+    assert 'atencion_requests_in_flight{endpoint="/metrics"} 1.0' in text  # itself, while it answers
     for name in ("atencion_request_seconds_bucket", "atencion_sentences_total", "atencion_tokens_total",
                  "atencion_queue_depth", "atencion_batch_sentences_bucket"):
         assert name in text
@@ -230,8 +234,12 @@ def test_sigterm_stops_the_server_after_the_request_in_flight(demo_model_dir, tm
         with ThreadPoolExecutor(1) as pool:
             slow = pool.submit(httpx.post, f"{base}/translate", json={"sentences": SENTENCES * 16, "beam": 8},
                                timeout=120)
-            time.sleep(0.5)  # the request is in flight
-            process.send_signal(signal.SIGTERM)
+            deadline = time.time() + 60
+            while 'atencion_requests_in_flight{endpoint="/translate"} 1.0' not in httpx.get(f"{base}/metrics").text:
+                assert not slow.done(), "the request was answered (or failed) before it was seen in flight"
+                assert time.time() < deadline, "the request never showed in flight in /metrics"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGTERM)  # the server has the request and has not answered it
             answer = slow.result()
         assert answer.status_code == 200 and len(answer.json()["translations"]) == 64
         assert process.wait(60) == -signal.SIGTERM  # it ends by the signal, as uvicorn does, once idle
@@ -313,3 +321,105 @@ def test_a_model_answers_the_table_s_endpoints_it_is_capable_of_its_own_task_s_f
 
     cfg = ModelConfig(vocab_size=30, arch=arch, num_labels=num_labels)
     assert LoadedModel("m", "", SimpleNamespace(cfg=cfg), SimpleNamespace(mask_id=mask_id)).endpoints == endpoints
+
+
+def test_an_internal_error_is_a_500_counted_in_metrics_and_logged_as_one_json_line(demo_model_dir, monkeypatch,
+                                                                                   caplog):
+    """A bug in a handler (here a RuntimeError) is answered 500 with a JSON error, and, like every
+    other response, counted in /metrics by endpoint and status and logged as one JSON line."""
+    import logging
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from atencion.serve import app as served
+
+    async def broken(body, m, ctx):
+        raise RuntimeError("a bug in the handler")
+
+    translate = served.MODEL_ENDPOINTS[0]
+    monkeypatch.setattr(served, "MODEL_ENDPOINTS", (replace(translate, handler=broken), *served.MODEL_ENDPOINTS[1:]))
+    monkeypatch.setattr(logging.getLogger("atencion.serve"), "propagate", True)  # run.serve turns it off
+    caplog.set_level(logging.INFO, logger="atencion.serve")
+    model, tokenizer = load_model_dir(demo_model_dir)
+    app = create_app([LoadedModel("demo", str(demo_model_dir), model, tokenizer)])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/translate", json={"sentences": ["el gato"]})
+        assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError); the server keeps "
+                                                              "serving"}, r.text
+        assert client.get("/health").status_code == 200
+        metrics = client.get("/metrics").text
+    assert 'atencion_requests_total{endpoint="/translate",status="500"} 1.0' in metrics, metrics
+    assert 'atencion_request_seconds_count{endpoint="/translate"} 1.0' in metrics, metrics
+    lines = [json.loads(record.getMessage()) for record in caplog.records
+             if record.name == "atencion.serve" and record.getMessage().startswith("{")]
+    assert [(line["method"], line["path"], line["status"]) for line in lines] == [
+        ("POST", "/translate", 500), ("GET", "/health", 200), ("GET", "/metrics", 200)], lines
+    assert any("a bug in the handler" in record.getMessage() for record in caplog.records
+               if record.levelname == "ERROR")  # the traceback, for whoever mends it
+
+
+def read_until_closed(connection: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """What the server sends on ``connection`` until it closes it, and the seconds that took
+    (the test fails if it is still open after ``timeout``)."""
+    began, data = time.monotonic(), b""
+    connection.settimeout(timeout)
+    while chunk := connection.recv(65536):
+        data += chunk
+    return data, time.monotonic() - began
+
+
+def test_a_client_that_stalls_in_its_body_is_answered_408_within_the_read_timeout_and_others_are_served(
+        demo_model_dir):
+    with running(demo_model_dir, read_timeout_s=1) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+                            b'Content-Length: 100\r\n\r\n{"sentences": ["el gato')  # 75 bytes short, for ever
+            began = time.monotonic()
+            good = httpx.post(f"{base}/translate", json={"sentences": [SENTENCES[0]], "beam": 1})
+            assert good.status_code == 200 and good.json()["translations"][0]["text"] == "the black cat eats the mouse"
+            answer, _ = read_until_closed(stalled, 10)
+            waited = time.monotonic() - began
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer
+        assert json.loads(body) == {"error": "the request body did not arrive within 1 s; the connection is "
+                                             "closed"}, answer
+        assert 0.9 < waited < 5, waited  # the read timeout, not the request timeout (60 s)
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'atencion_requests_total{endpoint="/translate",status="408"} 1.0' in metrics, metrics
+        assert httpx.post(f"{base}/translate", json={"sentences": ["el gato"]}).status_code == 200
+
+
+def test_a_client_that_stalls_in_its_headers_or_idles_is_disconnected_within_the_read_timeout(demo_model_dir):
+    with running(demo_model_dir, read_timeout_s=1) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as silent, \
+                socket.create_connection(("127.0.0.1", port)) as dribbling, \
+                socket.create_connection(("127.0.0.1", port)) as kept_alive:
+            began = time.monotonic()
+            dribbling.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+            kept_alive.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.6)  # a byte now and then does not buy more time: the deadline is the headers' whole
+            dribbling.sendall(b"Content-Le")
+            for connection in (silent, dribbling):
+                assert read_until_closed(connection, 10)[0] == b""
+            answer, _ = read_until_closed(kept_alive, 10)  # answered, then closed once idle
+            waited = time.monotonic() - began
+        assert answer.startswith(b"HTTP/1.1 200 ") and b'"status":"ok"' in answer, answer
+        assert 0.9 < waited < 5, waited
+        assert httpx.get(f"{base}/health").status_code == 200
+
+
+def test_serve_s_read_timeout_option_reaches_the_server_settings(monkeypatch, capsys):
+    from atencion.cli import main
+    from atencion.serve import run
+
+    given = []
+    monkeypatch.setattr(run, "serve_dirs", lambda models, *args, **limits: given.append(limits))
+    assert main(["serve", "--model", "demo", "--read-timeout", "2.5"]) in (0, None)
+    assert main(["serve", "--model", "demo"]) in (0, None)
+    assert [ServeSettings(**limits).read_timeout_s for limits in given] == [2.5, 10.0]
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--model", "demo", "--read-timeout", "0"])
+    assert refused.value.code == 2 and "--read-timeout" in capsys.readouterr().err

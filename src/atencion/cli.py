@@ -410,6 +410,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests waiting per model; more are answered 429 with Retry-After (default: 256)")
     p.add_argument("--timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=60.0,
                    help="seconds per request, waiting included; then 504 (default: 60)")
+    p.add_argument("--read-timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=10.0,
+                   help="seconds for a client to send a request's headers, and its body (then 408), and for an "
+                        "idle connection to stay open; a stalled client is disconnected (default: 10)")
     p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
                                      "endpoint but /health (default: $ATENCION_API_KEY, else none)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
@@ -427,7 +430,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
                max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences, max_tokens=args.max_tokens,
                max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
                max_body_bytes=args.max_body_bytes, max_queue=args.max_queue, timeout_s=args.timeout,
-               api_key=args.api_key)
+               read_timeout_s=args.read_timeout, api_key=args.api_key)
 
 
 def add_average_arguments(p: argparse.ArgumentParser) -> None:

@@ -22,17 +22,21 @@ import asyncio
 import hmac
 import json
 import logging
+import math
+import re
 import time
 import traceback
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import tasks
 from ..config import TWO_STACKS
@@ -50,6 +54,8 @@ FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by na
 STATIC = ("explorer.js", "explorer.css")
 NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
+SMALLEST = 1e-30  # the least positive temperature and top_p of /generate (float32's smallest normal: 1.2e-38)
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
 
 
 @dataclass
@@ -65,6 +71,7 @@ class ServeSettings:
     max_body_bytes: int = 1 << 20   # request body size (413 above it)
     max_queue: int = 256            # requests waiting per model (429 above it)
     timeout_s: float = 60.0         # per request, queueing included (504 after it)
+    read_timeout_s: float = 10.0    # to send a request's headers, and its body (408), and to idle between requests
     api_key: str | None = None      # when set, every endpoint but /health needs it
 
 
@@ -173,10 +180,23 @@ class Endpoint:
 # the requests ------------------------------------------------------------------------------------
 
 
-class TranslateRequest(BaseModel):
-    """POST /translate."""
+class RequestBody(BaseModel):
+    """What every request schema shares: no unknown fields, no conversions, and NaN (which
+    Python's JSON reads) refused as not a number, rather than as out of a field's range."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if isinstance(value, float) and math.isnan(value):
+            raise PydanticCustomError("not_a_number", "NaN is not a number")
+        return value
+
+
+class TranslateRequest(RequestBody):
+    """POST /translate."""
+
     sentences: list[str] = Field(min_length=1)
     model: str | None = None
     beam: int = Field(4, ge=1, le=16)
@@ -187,10 +207,15 @@ class TranslateRequest(BaseModel):
     attention: bool = False
 
 
-class GenerateRequest(BaseModel):
-    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit)."""
+class GenerateRequest(RequestBody):
+    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit).
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    temperature is 0 (greedy) or from SMALLEST (1e-30) to 100, top_p from SMALLEST to 1: sampling
+    runs in float32, where a smaller positive number is 0 (below 1.4e-45) or subnormal, and
+    dividing the logits by it or cutting the nucleus at it makes no distribution to draw from. A
+    value that small is refused (422 naming the field) rather than guessed at; any temperature or
+    top_p near SMALLEST already samples the greedy text."""
+
     prompt: str = ""
     model: str | None = None
     max_new_tokens: int | None = Field(None, ge=1)
@@ -200,20 +225,27 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     num_samples: int = Field(1, ge=1)
 
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _not_too_small(cls, value: float, info: ValidationInfo) -> float:
+        if 0 < value < SMALLEST:
+            greedy = "0 for greedy decoding or " if info.field_name == "temperature" else ""
+            raise PydanticCustomError("too_small_for_float32", f"{value!r} is too small for float32, where "
+                                                               f"sampling runs; give {greedy}at least {SMALLEST:g}")
+        return value
 
-class FillMaskRequest(BaseModel):
+
+class FillMaskRequest(RequestBody):
     """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     text: str
     model: str | None = None
     top_k: int = Field(5, ge=1, le=100)
 
 
-class ClassifyRequest(BaseModel):
+class ClassifyRequest(RequestBody):
     """POST /classify: see ``tasks.classify.classify_probabilities``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str] = Field(min_length=1)
     model: str | None = None
 
@@ -296,6 +328,9 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     ctx.check_length("prompt", body.prompt)
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+    if not ids:  # the sampler would refuse it in the command line's words
+        raise Refused(422, "prompt: the prompt has no tokens (this tokenizer drops blanks alone); give some text, "
+                           "or \"\" to start a new line")
     ctx.check_length("prompt", body.prompt, len(ids))
     texts = await ctx.run(m, lambda: generate_text(
         m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
@@ -390,17 +425,23 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception):
-        log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
-        return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
+        return _internal_error(request, exc)
 
     # every request: size limit, key, metrics, one log line --------------------------------------
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        """Every response, a 500 included, is counted and logged: an exception raised through
+        ``call_next`` would pass this middleware by and reach ``bug`` outside it, so it is
+        answered here."""
         began = time.perf_counter()
         path = request.url.path
         endpoint = path if path in counted else "other"
-        response = await _checked(request, call_next, settings)
+        with ctx.metrics.in_flight(endpoint):
+            try:
+                response = await _checked(request, call_next, settings)
+            except Exception as exc:  # noqa: BLE001 - a bug: answered 500, and counted like any answer
+                response = _internal_error(request, exc)
         seconds = time.perf_counter() - began
         ctx.metrics.request(endpoint, response.status_code, seconds)
         log.info(json.dumps({"method": request.method, "path": path, "status": response.status_code,
@@ -458,8 +499,16 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
+    """A bug's answer: 500 without the traceback, which goes to the log."""
+    log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
+    return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
+
+
 async def _checked(request: Request, call_next, settings: ServeSettings) -> Response:
-    """The body-size limit and the API key, before the endpoint runs."""
+    """The API key, the body-size limit and the read timeout, before the endpoint runs: a POST's
+    body is read here, whole, within ``read_timeout_s`` (408 and the connection closed after it,
+    so that a client that stalls mid-body holds nothing), and the endpoint reads it from here."""
     if settings.api_key is not None and request.url.path != "/health":
         given = request.headers.get("x-api-key") or request.query_params.get("key") or ""
         bearer = request.headers.get("authorization", "")
@@ -469,30 +518,80 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
             return JSONResponse({"error": "missing or wrong API key (header X-API-Key or Authorization: "
                                           "Bearer KEY)"}, status_code=401)
     length = request.headers.get("content-length")
+    too_large = JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"}, status_code=413)
     if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-        return JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"}, status_code=413)
-    if request.method == "POST" and length is None:  # chunked: count while reading
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_body_bytes:
-                return JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"},
-                                    status_code=413)
+        return too_large
+    if request.method == "POST":
+        try:
+            body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.read_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"error": f"the request body did not arrive within {settings.read_timeout_s:g} s; "
+                                          f"the connection is closed"}, status_code=408,
+                                headers={"Connection": "close"})
+        except ClientDisconnect:
+            return JSONResponse({"error": "the client closed the connection before the body was whole"},
+                                status_code=400)
+        if body is None:  # chunked, and over the limit
+            return too_large
         request._body = body  # the endpoint reads it from here
     return await call_next(request)
 
 
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it passes ``limit`` bytes (counted while reading: a
+    chunked body declares no length)."""
+    body = bytearray()
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            body += chunk
+            if len(body) > limit:
+                return None
+    return bytes(body)
+
+
 async def _json(request: Request) -> Any:
-    """The body decoded as JSON, whatever its content type says; a 422 saying why not otherwise."""
+    """The body decoded as JSON, whatever its content type says, every string in it valid Unicode;
+    a 422 saying why not otherwise."""
     raw = await request.body()
     try:
-        return json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
+    fault = _not_unicode(data)
+    if fault is not None:
+        raise Refused(422, fault)
+    return data
+
+
+def _not_unicode(data: Any) -> str | None:
+    """Where the decoded JSON ``data`` holds a string that is not valid Unicode, named as a field
+    ("sentences.1: ..."), or None. JSON may escape half of a surrogate pair alone ("\\ud83d"), which
+    Python decodes to a string that no UTF-8 can carry: the tokenizers and the response would fail
+    on it. Every string is looked at, field names and the model's name too, walking the body
+    without recursion (it may be nested as deep as the parser allows)."""
+    stack: list[tuple[str, Any, bool]] = [("", data, False)]
+    while stack:
+        where, item, is_key = stack.pop()
+        if isinstance(item, str):
+            bad = SURROGATE.search(item)
+            if bad is not None:
+                what = f"the field name {item!r} is not" if is_key else "not"
+                return f"{where or 'body'}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
+        elif isinstance(item, dict):
+            for key, value in reversed(item.items()):  # popped in the body's order
+                stack.append((_join(where, key), value, False))
+                stack.append((where, key, True))
+        elif isinstance(item, list):
+            stack.extend((_join(where, i), value, False) for i, value in reversed(list(enumerate(item))))
+    return None
+
+
+def _join(where: str, part: Any) -> str:
+    return f"{where}.{part}" if where else str(part)
 
 
 def _validate(schema: type[BaseModel], data: Any) -> BaseModel:

@@ -18,11 +18,17 @@ class Metrics:
                                   registry=r)
         self._sentences = Counter("atencion_sentences", "sentences translated", registry=r)
         self._tokens = Counter("atencion_tokens", "subword tokens translated (with </s>)", ["side"], registry=r)
+        self._in_flight = Gauge("atencion_requests_in_flight", "HTTP requests received and not yet answered",
+                                ["endpoint"], registry=r)
         self._queue = Gauge("atencion_queue_depth", "requests waiting for a batch", ["model"], registry=r)
         self._batch = Histogram("atencion_batch_sentences", "sentences decoded together",
                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self._batch_tokens = Histogram("atencion_batch_tokens", "source tokens decoded together",
                                        buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384), registry=r)
+
+    def in_flight(self, endpoint: str):
+        """A context manager: a request to ``endpoint`` is in flight inside it."""
+        return self._in_flight.labels(endpoint).track_inprogress()
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         self._requests.labels(endpoint, str(status)).inc()

@@ -46,6 +46,52 @@ def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
     return [LoadedModel(name, path, *load_model_dir(path, device)) for name, path in parse_models(specs)]
 
 
+def uvicorn_config(app, host: str, port: int, settings: ServeSettings):
+    """uvicorn's configuration of the server: quiet (the app logs each request), the requests in
+    flight answered on shutdown (for up to ``timeout_s``), and ``read_timeout_s`` for a client to
+    send a request's line and headers (``ReadDeadline``) and for a kept-alive connection to idle;
+    the app's middleware gives the body the same time."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=settings.timeout_s, timeout_keep_alive=settings.read_timeout_s,
+                          http=read_deadline_protocol())
+
+
+def read_deadline_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request's line and headers:
+    a connection that has not sent them whole within ``timeout_keep_alive`` seconds of opening,
+    or of its last answer, is closed. uvicorn alone times out only an idle kept-alive connection,
+    and any byte stops that clock, so a client that connected and said nothing, or sent half its
+    headers and stalled (or sent a byte now and then), would hold its connection for ever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class ReadDeadline(H11Protocol):
+        answered = 0  # requests answered on this connection
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            self.answered += 1
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.loop.call_later(self.timeout_keep_alive, self._expire, self.answered)
+
+        def _expire(self, answered: int) -> None:
+            if answered != self.answered:
+                return  # a request was answered since: its own deadline runs
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # its headers came: the request is being read or answered (the app times its body)
+            if not self.transport.is_closing():
+                self.transport.close()  # connection_lost tells h11 and the app
+
+    return ReadDeadline
+
+
 def serve(models: list[LoadedModel], host: str, port: int, settings: ServeSettings) -> None:
     import uvicorn
 
@@ -57,9 +103,7 @@ def serve(models: list[LoadedModel], host: str, port: int, settings: ServeSettin
     app = create_app(models, settings)
     names = ", ".join(m.name for m in models)
     print(f"atencion serve: {names} on http://{host}:{port}/ (Ctrl-C to stop)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=settings.timeout_s)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(uvicorn_config(app, host, port, settings)).run()
     except OSError as err:
         raise AtencionError(f"--host {host} --port {port}: cannot listen ({err.strerror or err})") from None
