@@ -403,14 +403,14 @@ def test_a_temperature_that_is_0_in_float32_is_greedy_and_such_a_top_p_is_refuse
 def test_a_prompt_that_encodes_to_no_token_says_so_before_anything_is_written(models, loaded, tmp_path, capsys):
     status, out, err = run(["generate", "--model", models["gpt-sp"], "--prompt", "\u200b "], capsys)
     assert status == 2 and out == "", (out, err)
-    assert err == ("atencion generate: error: --prompt encodes to no token: this tokenizer drops each of its "
+    assert err == ("atencion generate: error: --prompt: encodes to no token: this tokenizer drops each of its "
                    "characters ('\\u200b', ' '); give text it reads (an empty prompt starts a new line)\n")
     (tmp_path / "prompts.txt").write_text("the cat\n\ufeff\n", encoding="utf-8")
     status, out, err = run(["generate", "--model", models["gpt-sp"], "--input", str(tmp_path / "prompts.txt")],
                            capsys)
-    assert status == 2 and out == "" and err.startswith("atencion generate: error: --input line 2 encodes to no "
+    assert status == 2 and out == "" and err.startswith("atencion generate: error: --input line 2: encodes to no "
                                                         "token: "), (out, err)
-    with pytest.raises(AtencionError, match="^--prompt encodes to no token"):
+    with pytest.raises(AtencionError, match="^--prompt: encodes to no token"):
         generate_text(*loaded["gpt-sp"], "\ufeff", 3)
 
 

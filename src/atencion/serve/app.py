@@ -328,9 +328,6 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     ctx.check_length("prompt", body.prompt)
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
-    if not ids:  # the sampler would refuse it in the command line's words
-        raise Refused(422, "prompt: the prompt has no tokens (this tokenizer drops blanks alone); give some text, "
-                           "or \"\" to start a new line")
     ctx.check_length("prompt", body.prompt, len(ids))
     texts = await ctx.run(m, lambda: generate_text(
         m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
@@ -357,7 +354,8 @@ async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict
     with _unprocessable():
         sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
     probabilities = await ctx.run(m, lambda: classify_probabilities(
-        m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}"))
+        m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}",
+        what="texts"))
     names = label_names(m.model)
     return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
 

@@ -210,7 +210,7 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
     ``max_positions`` tokens)."""
     ids = prompt_ids(tokenizer, check_text(prompt, what))
     if not ids:
-        raise AtencionError(f"{what} encodes to no token: this tokenizer drops each of its characters "
+        raise AtencionError(f"{what}: encodes to no token: this tokenizer drops each of its characters "
                             f"({listing([repr(c) for c in dict.fromkeys(prompt)])}); give text it reads (an empty "
                             f"prompt starts a new line)")
     limit = position_limit(model)
