@@ -32,7 +32,7 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
     Training runs for the config's train.max_steps updates (or stops earlier when validation
     BLEU stops improving): the result does not depend on the machine's speed. Its
     time_limit_minutes is a safety cap only; when the cap stops training first, ``warn(message)``
-    (and the log) say so, and the summary's "stopped_by" is "time_limit"."""
+    (default: a logging warning) says so, and the summary's "stopped_by" is "time_limit"."""
     from ..decode.settings import DecodeConfig
     from ..decode.translate import translate_lines
     from ..evaluate import score
@@ -58,9 +58,7 @@ def run_demo(out: str | Path, config: str | Path | None = None, overrides: list[
         message = (f"this machine was too slow for the demo: the {cfg.train.time_limit_minutes:g}-minute cap "
                    f"stopped training after {summary['steps']} of {cfg.train.max_steps} updates, so the "
                    f"result is that of fewer updates than the recipe's")
-        log.warning(message)
-        if warn is not None:
-            warn(message)
+        (warn or log.warning)(message)
     model_dir = Path(summary["best_model"] or summary["last_checkpoint"])
 
     model, tokenizer = load_model_dir(model_dir)
