@@ -13,8 +13,6 @@ import logging
 import math
 import os
 import shlex
-import signal
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries, remove_directory
+from ..interrupt import check_ctrl_c, remembering_ctrl_c
 from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
@@ -113,51 +112,8 @@ def build_optimizer(model: torch.nn.Module, train_cfg: OptimConfig) -> torch.opt
                             fused=True)  # lr=0: the schedule sets each update's rate
 
 
-class _CtrlC:
-    """Ctrl-C (SIGINT) while a run starts and trains, never lost. Python's own handler raises
-    KeyboardInterrupt wherever the main thread is, and Python code that a C library calls and
-    whose error it then clears swallows it (numpy's ctypes check under safetensors' first save;
-    a generator closed by the garbage collector, whose error is only printed): the run went on
-    training. This handler raises the same KeyboardInterrupt and also remembers the press, which
-    the loop checks after every update and checkpoint (``check``). It replaces only Python's
-    default handler, in the main thread: an ignored SIGINT (a job started in the background, as
-    nohup does) or a handler of the caller's stays as it is. Re-entrant: ``train()`` holds it
-    over the start-up and ``run()``."""
-
-    def __init__(self):
-        self.pressed = False
-        self._depth = 0
-        self._previous = None
-
-    def __enter__(self) -> _CtrlC:
-        if self._depth == 0:
-            self.pressed = False
-            if (threading.current_thread() is threading.main_thread()
-                    and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-                self._previous = signal.signal(signal.SIGINT, self._handle)
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._depth -= 1
-        if self._depth == 0 and self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-
-    def _handle(self, signum, frame) -> None:
-        self.pressed = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        """A Ctrl-C that something swallowed: raise it now."""
-        if self.pressed:
-            raise KeyboardInterrupt
-
-
 class Trainer:
     """Owns the model, the optimizer and the position in the data; ``run()`` trains."""
-
-    _ctrl_c: _CtrlC | None = None  # train() hands its own over, so a press during the start-up counts
 
     def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
                  command: list[str] | None = None):
@@ -354,10 +310,8 @@ class Trainer:
         A stop it did not choose ends in an AtencionError that says where the run stopped and
         how to go on: divergence (a non-finite loss or gradient norm; nothing is updated or
         saved after it), a write that failed (a full disk), or Ctrl-C (``Interrupted``)."""
-        if self._ctrl_c is None:
-            self._ctrl_c = _CtrlC()
         try:
-            with self._ctrl_c:
+            with remembering_ctrl_c():  # interrupt.py: a Ctrl-C that something swallows is not lost
                 return self._run()
         except KeyboardInterrupt:
             raise Interrupted(f"interrupted at step {self.state['step']}; {self._where()}") from None
@@ -390,7 +344,7 @@ class Trainer:
         while stop is None and self.state["epoch"] < t.max_epochs:
             updates = self._updates(self.state["epoch"])
             while self.state["update_in_epoch"] < len(updates):
-                self._ctrl_c.check()  # a Ctrl-C swallowed during the last update, validation or checkpoint
+                check_ctrl_c()  # one swallowed during the last update, validation or checkpoint
                 began = time.time()
                 stats = self._step(updates[self.state["update_in_epoch"]])
                 self.state["update_seconds"] += time.time() - began
@@ -426,7 +380,7 @@ class Trainer:
                 continue
             if not (t.valid_every and self.state["step"] % t.valid_every == 0):
                 self._validate_and_save()  # the stopping step gets a checkpoint too
-        self._ctrl_c.check()
+        check_ctrl_c()
         if bar is not None:
             bar.close()
         self.dist.barrier()
@@ -597,13 +551,12 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
-    with _CtrlC() as ctrl_c:
+    with remembering_ctrl_c():
         try:
             trainer = Trainer(cfg, out_dir, resume, command)
-            ctrl_c.check()
+            check_ctrl_c()
         except KeyboardInterrupt:  # reading the data, training the tokenizer, loading a checkpoint
             words = list(command or ["atencion", "train", "CONFIG", "--out", str(out_dir)])
             raise Interrupted(f"interrupted while the run was starting, before any update; "
                               f"{_where(Path(out_dir) / 'checkpoints', words)}") from None
-        trainer._ctrl_c = ctrl_c
         return trainer.run()
