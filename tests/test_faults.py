@@ -454,6 +454,36 @@ def test_ctrl_c_during_training_says_where_and_how_to_resume_and_exits_130(tmp_p
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == step + 1
 
 
+def test_a_ctrl_c_that_something_swallows_is_raised_again_by_the_end_of_the_block():
+    """interrupt.py: Python code that a C library calls may lose a KeyboardInterrupt (the library
+    clears the error); the press is remembered and raised by check_ctrl_c or the block's end. A
+    deferring block only remembers it, and raises it at its end."""
+    from atencion.interrupt import check_ctrl_c, remembering_ctrl_c
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # even where SIGINT is ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with remembering_ctrl_c():
+                with remembering_ctrl_c():  # blocks nest: the inner one neither resets nor raises
+                    try:
+                        signal.raise_signal(signal.SIGINT)
+                    except KeyboardInterrupt:
+                        pass  # swallowed
+                with pytest.raises(KeyboardInterrupt):
+                    check_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+        with remembering_ctrl_c():  # a new block starts with no press
+            check_ctrl_c()
+        done = []
+        with pytest.raises(KeyboardInterrupt):
+            with remembering_ctrl_c(defer=True):  # the package's imports: not cut in the middle
+                signal.raise_signal(signal.SIGINT)
+                done.append(True)
+        assert done
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # 5. files checked against the files they are used with ------------------------------------------
 
 def test_a_tokenizer_from_another_run_is_named_with_the_config_line(model_dir, tmp_path, capsys):
