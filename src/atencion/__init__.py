@@ -1,10 +1,13 @@
 """atencion: the Transformer of "Attention Is All You Need" and its family (BERT, GPT, T5), to
 train, decode, score, serve and inspect."""
 
-from .config import ModelConfig
-from .nn.model import Model
-from .nn.model_dir import load_model
-from .nn.transformer import Transformer
+from .interrupt import remembering_ctrl_c
+
+with remembering_ctrl_c(defer=True):  # a Ctrl-C while torch and numpy load: raised once they have (interrupt.py)
+    from .config import ModelConfig
+    from .nn.model import Model
+    from .nn.model_dir import load_model
+    from .nn.transformer import Transformer
 
 __all__ = ["Model", "ModelConfig", "Transformer", "load"]
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .allocator import keep_freed_memory
 from .errors import AtencionError, Interrupted
+from .interrupt import remembering_ctrl_c
 
 if TYPE_CHECKING:
     from .decode.settings import DecodeConfig
@@ -506,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
     name = f"atencion {args.command}"
     try:
-        args.func(args)
+        with remembering_ctrl_c():  # a Ctrl-C that something swallows still stops the command
+            args.func(args)
     except Interrupted as err:
         return _fail(name, err, 130)
     except KeyboardInterrupt:

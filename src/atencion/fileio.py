@@ -65,8 +65,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> None:
     """Fill a temporary directory, then put it in place of ``path`` (replacing an older one).
-    A failure leaves ``path`` as it was; a kill leaves hidden ``.NAME.tmp-PID`` (and, between
-    the two renames, ``.NAME.old-PID``) that :func:`clean_stale_temporaries` tidies up."""
+    A failure or a Ctrl-C leaves ``path`` as it was (the older one is put back if it comes
+    between the two renames); a kill leaves hidden ``.NAME.tmp-PID`` (and, between the two
+    renames, ``.NAME.old-PID``) that :func:`clean_stale_temporaries` tidies up."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -77,9 +78,11 @@ def atomic_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-    except Exception as err:
+    except BaseException as err:  # KeyboardInterrupt too: the finally below would delete the older one
         if old.exists() and not path.exists():
             os.replace(old, path)
+        if not isinstance(err, Exception):
+            raise
         if isinstance(err, OSError):
             raise _cannot_write(path, err) from None
         failure = _library_failure(path, err)
@@ -91,7 +94,20 @@ def atomic_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
         shutil.rmtree(old, ignore_errors=True)
 
 
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
+def remove_directory(path: str | os.PathLike) -> None:
+    """Delete the directory ``path``: first renamed to a hidden ``.NAME.del-PID`` (one step), then
+    removed, so that a Ctrl-C or a kill midway never leaves a half-deleted directory under its
+    name, only a temporary that :func:`clean_stale_temporaries` removes."""
+    path = Path(path)
+    doomed = path.with_name(f".{path.name}.del-{os.getpid()}")
+    try:
+        os.replace(path, doomed)
+    except OSError:
+        doomed = path  # gone already, or not renamable: remove what can be
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<pid>\d+)")
 
 
 def _alive(pid: int) -> bool:
@@ -106,9 +122,9 @@ def _alive(pid: int) -> bool:
 
 def clean_stale_temporaries(directory: str | os.PathLike) -> list[str]:
     """Remove the temporary files and directories that a killed process left in ``directory``
-    (names ``.NAME.tmp-PID`` / ``.NAME.old-PID`` of a process that is gone). An ``.old`` copy
-    whose NAME is missing (a kill between the two renames) is put back as NAME. Returns what
-    was removed or restored."""
+    (names ``.NAME.tmp-PID`` / ``.NAME.old-PID`` / ``.NAME.del-PID`` of a process that is gone).
+    An ``.old`` copy whose NAME is missing (a kill between the two renames) is put back as NAME.
+    Returns what was removed or restored."""
     directory = Path(directory)
     done = []
     if not directory.is_dir():

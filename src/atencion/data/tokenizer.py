@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pickle
+import select
+import signal
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -25,15 +30,73 @@ def _train_one(sentences: Iterable[str], vocab_size: int, model_type: str, chara
                seed_sentencepiece_size: int = 1_000_000, symbols: tuple[str, ...] = ()):
     import sentencepiece as spm
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-        model_type=model_type, character_coverage=character_coverage,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, user_defined_symbols=list(symbols),
-        hard_vocab_limit=False, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-        seed_sentencepiece_size=seed_sentencepiece_size, minloglevel=2, num_threads=2,
-    )
-    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+    def train() -> bytes:
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, user_defined_symbols=list(symbols),
+            hard_vocab_limit=False, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+            seed_sentencepiece_size=seed_sentencepiece_size, minloglevel=2, num_threads=2,
+        )
+        return model.getvalue()
+
+    return spm.SentencePieceProcessor(model_proto=_interruptible(train))
+
+
+def _interruptible(work):
+    """``work()``, done by a forked child process while this process waits in short polls, so that
+    Ctrl-C stops it at once. SentencePiece trains in C++ and returns to Python only when done
+    (minutes on a large corpus): called here, it would hold a Ctrl-C until then. A thread would
+    not do either: the process could not exit cleanly while SentencePiece's threads run. The
+    child ignores SIGINT (a terminal sends it to both) and is killed when this process stops
+    waiting. Where there is no fork, or off the main thread (which alone receives signals), it
+    is a plain call. The child holds its own copy of the pages it touches (the corpus' strings,
+    whose reference counts it changes) until it is done."""
+    if not hasattr(os, "fork") or threading.current_thread() is not threading.main_thread():
+        return work()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code, never runs its exit handlers
+        status = 1
+        try:
+            os.close(read)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                outcome = (True, work())
+            except BaseException as err:  # noqa: BLE001 - the caller raises it
+                outcome = (False, err)
+            try:
+                data = pickle.dumps(outcome)
+            except Exception:  # an error that does not pickle: its message
+                data = pickle.dumps((False, RuntimeError(str(outcome[1]))))
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(data)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    chunks, finished = [], False
+    try:
+        while True:
+            ready, _, _ = select.select([read], [], [], 0.1)  # a Ctrl-C is taken between polls
+            if ready:
+                chunk = os.read(read, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finished = True
+    finally:
+        os.close(read)
+        if not finished:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if not chunks:
+        raise RuntimeError("the SentencePiece trainer's process ended without an answer")
+    done, value = pickle.loads(b"".join(chunks))
+    if not done:
+        raise value
+    return value
 
 
 def check_text(text: str, what: str) -> str:

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
-from ..fileio import atomic_write_text, clean_stale_temporaries
+from ..fileio import atomic_write_text, clean_stale_temporaries, remove_directory
+from ..interrupt import check_ctrl_c, remembering_ctrl_c
 from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
@@ -320,7 +320,8 @@ class Trainer:
         how to go on: divergence (a non-finite loss or gradient norm; nothing is updated or
         saved after it), a write that failed (a full disk), or Ctrl-C (``Interrupted``)."""
         try:
-            return self._run()
+            with remembering_ctrl_c():  # interrupt.py: a Ctrl-C that something swallows is not lost
+                return self._run()
         except KeyboardInterrupt:
             raise Interrupted(f"interrupted at step {self.state['step']}; {self._where()}") from None
         except Diverged as err:
@@ -335,17 +336,13 @@ class Trainer:
 
     def _where(self, lower_lr: bool = False) -> str:
         """The last checkpoint and the command that continues from it (or starts over)."""
-        last = list_checkpoints(self.ckpt_dir)
         t = self.cfg.train
         words, advice = list(self.command), ""
         if lower_lr:
             key, value = ("lr_peak", t.lr_peak) if t.lr_peak is not None else ("lr_factor", t.lr_factor)
             words = [w for w in words if not w.startswith(f"--set=train.{key}=")] + [f"--set=train.{key}={value / 2:g}"]
             advice = " with a lower learning rate" + ("" if t.clip_norm else " (train.clip_norm helps too)")
-        if not last:
-            return (f"no checkpoint was written; start over in the same directory{advice}: "
-                    f"{shlex.join(words)}")
-        return f"the last checkpoint is {last[-1]}; continue from it{advice}: {shlex.join(words + ['--resume'])}"
+        return _where(self.ckpt_dir, words, advice)
 
     def _run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -356,6 +353,7 @@ class Trainer:
         while stop is None and self.state["epoch"] < t.max_epochs:
             updates = self._updates(self.state["epoch"])
             while self.state["update_in_epoch"] < len(updates):
+                check_ctrl_c()  # one swallowed during the last update, validation or checkpoint
                 began = time.time()
                 stats = self._step(updates[self.state["update_in_epoch"]])
                 self.state["update_seconds"] += time.time() - began
@@ -391,6 +389,7 @@ class Trainer:
                 continue
             if not (t.valid_every and self.state["step"] % t.valid_every == 0):
                 self._validate_and_save()  # the stopping step gets a checkpoint too
+        check_ctrl_c()
         if bar is not None:
             bar.close()
         self.dist.barrier()
@@ -453,7 +452,7 @@ class Trainer:
         path = self.ckpt_dir / f"step_{self.state['step']:08d}"
         save_checkpoint(path, self.model, self.tokenizer, self.optimizer, self.state)
         for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_directory(old)  # renamed away first: a Ctrl-C midway leaves no half-deleted step_*
 
     def _finish(self, reason: str) -> dict[str, Any]:
         last = list_checkpoints(self.ckpt_dir)
@@ -560,9 +559,26 @@ def train_file(config: str | Path, out_dir: str | Path, overrides: list[str] = (
     return train(cfg, out_dir, resume=resume, command=command)
 
 
+def _where(ckpt_dir: Path, words: list[str], advice: str = "") -> str:
+    """The last checkpoint under ``ckpt_dir`` and the command (``words``) that continues from it,
+    or the one that starts over when there is none."""
+    last = list_checkpoints(ckpt_dir)
+    if not last:
+        return f"no checkpoint was written; start over in the same directory{advice}: {shlex.join(words)}"
+    return f"the last checkpoint is {last[-1]}; continue from it{advice}: {shlex.join(words + ['--resume'])}"
+
+
 def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
           command: list[str] | None = None) -> dict[str, Any]:
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
-    return Trainer(cfg, out_dir, resume, command).run()
+    with remembering_ctrl_c():
+        try:
+            trainer = Trainer(cfg, out_dir, resume, command)
+            check_ctrl_c()
+        except KeyboardInterrupt:  # reading the data, training the tokenizer, loading a checkpoint
+            words = list(command or ["atencion", "train", "CONFIG", "--out", str(out_dir)])
+            raise Interrupted(f"interrupted while the run was starting, before any update; "
+                              f"{_where(Path(out_dir) / 'checkpoints', words)}") from None
+        return trainer.run()
