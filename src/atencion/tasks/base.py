@@ -26,7 +26,9 @@ from ..config import ModelConfig
 from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
-from ..nn.positional import position_limit as positions_of
+from ..fileio import need_file
+from ..nn.model_dir import load_model_dir
+from ..nn.positional import position_limit
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +216,7 @@ def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int 
     """``<s> pieces </s>`` of each stripped text (as the mlm and classify tasks read their data),
     refusing one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces
     (0: no limit) or beyond a learned position table, named by ``where(index)``."""
-    limit = position_limit(model)
+    limit = position_limit(model.cfg)
     out = []
     for i, text in enumerate(texts):
         ids = [BOS_ID, *tokenizer.encode(check_text(text, where(i)).strip()), EOS_ID]
@@ -263,7 +265,13 @@ def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=No
                           f"{listing([repr(c) for c in seen])}{where}")
 
 
-def position_limit(model) -> int | None:
-    """How many positions the model can read (nn/positional.py): a learned table's rows, or None
-    (sinusoids and relative positions extend without limit)."""
-    return positions_of(model.cfg)
+def evaluate_file(model: str, options: dict[str, Any], option: str,
+                  score: Callable[[Any, Tokenizer, str], dict]) -> dict:
+    """`atencion evaluate` on the file that ``option`` names: the model directory ``model``
+    loaded as the options say (device, int8), ``score(model, tokenizer, path)``, and the
+    settings beside the scores."""
+    path = options[option]
+    need_file(path, flag(option))
+    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
+    return {**score(loaded, tokenizer, path), "model": model, "int8": options.get("int8", False),
+            "batch_tokens": options.get("batch_tokens", 4096), option: path}

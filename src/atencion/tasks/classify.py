@@ -28,6 +28,7 @@ from .base import (
     TaskBatch,
     TaskSpec,
     check_model,
+    evaluate_file,
     evaluating,
     model_device,
     pad_rows,
@@ -227,17 +228,14 @@ def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]]
 def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a classifier: ``evaluate_classifier`` on the rows of the file
     ``tsv`` (a first line whose label is no label of the model is a header, as in training)."""
-    path = options["tsv"]
-    need_file(path, "--tsv")
-    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
-    rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
-    if skipped and warn is not None:
-        warn(f"{path}: left out {skipped} rows with an empty text")
-    batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_classifier(loaded, tokenizer, rows, batch_tokens, options.get("max_input_tokens", 1024),
-                                 f"--tsv {path}", lines, warn)
-    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
-            "tsv": path}
+    def score(loaded, tokenizer: Tokenizer, path: str) -> dict:
+        rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
+        if skipped and warn is not None:
+            warn(f"{path}: left out {skipped} rows with an empty text")
+        return evaluate_classifier(loaded, tokenizer, rows, options.get("batch_tokens", 4096),
+                                   options.get("max_input_tokens", 1024), f"--tsv {path}", lines, warn)
+
+    return evaluate_file(model, options, "tsv", score)
 
 
 SPEC = register_task(TaskSpec(

@@ -24,15 +24,16 @@ from ..decode.sample import check_sampling, generate_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
+from ..nn.positional import position_limit
 from .base import (
     Task,
     TaskBatch,
     TaskSpec,
     check_model,
+    evaluate_file,
     evaluating,
     listing,
     model_device,
-    position_limit,
     register_task,
     warn_unseen,
 )
@@ -213,7 +214,7 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
         raise AtencionError(f"{what}: encodes to no token: this tokenizer drops each of its characters "
                             f"({listing([repr(c) for c in dict.fromkeys(prompt)])}); give text it reads (an empty "
                             f"prompt starts a new line)")
-    limit = position_limit(model)
+    limit = position_limit(model.cfg)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens, but this model's learned positions stop at "
                             f"max_positions={limit}; shorten the prompt")
@@ -334,7 +335,7 @@ def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int |
     for number, line in enumerate(lines, start=1):
         check_text(line, f"{what} line {number}")
     warn_unseen(tokenizer, lines, what, warn)
-    limit = position_limit(model)
+    limit = position_limit(model.cfg)
     block_size = block_size or model.cfg.max_positions
     if limit is not None and block_size > limit:
         raise AtencionError(f"--block-size {block_size}: more than this model's learned positions "
@@ -348,13 +349,9 @@ def evaluate_lm(model, tokenizer: Tokenizer, lines: list[str], block_size: int |
 
 def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a language model: ``evaluate_lm`` on the file ``text``."""
-    path = options["text"]
-    need_file(path, "--text")
-    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
-    batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_lm(loaded, tokenizer, read_lines(path), options.get("block_size"), batch_tokens, path, warn)
-    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
-            "text": path}
+    return evaluate_file(model, options, "text", lambda loaded, tokenizer, path: evaluate_lm(
+        loaded, tokenizer, read_lines(path), options.get("block_size"), options.get("batch_tokens", 4096), path,
+        warn))
 
 
 SPEC = register_task(TaskSpec(

@@ -18,18 +18,18 @@ from ..data.corpus import read_lines
 from ..data.text import mask_tokens
 from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
-from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
+from ..nn.positional import position_limit
 from .base import (
     Task,
     TaskBatch,
     TaskSpec,
     check_model,
+    evaluate_file,
     evaluating,
     listing,
     model_device,
     pad_rows,
-    position_limit,
     register_task,
     sentence_ids,
     warn_unseen,
@@ -190,7 +190,7 @@ def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5, what: str 
         raise AtencionError(f"--top-k must be a positive integer, got {top_k!r}")
     ids = masked_ids(tokenizer, text, what)
     warn_unseen(tokenizer, "".join(text.strip().split(MASK)), what, warn)
-    limit = position_limit(model)
+    limit = position_limit(model.cfg)
     if limit is not None and len(ids) > limit:
         raise AtencionError(f"{what}: {len(ids)} tokens with <s> and </s>, more than this model's learned "
                             f"positions (max_positions={limit})")
@@ -272,14 +272,9 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
 
 def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a masked language model: ``evaluate_mlm`` on the file ``text``."""
-    path = options["text"]
-    need_file(path, "--text")
-    loaded, tokenizer = load_model_dir(model, options.get("device", "cpu"), options.get("int8", False))
-    batch_tokens = options.get("batch_tokens", 4096)
-    scores = evaluate_mlm(loaded, tokenizer, read_lines(path), batch_tokens, options.get("max_input_tokens", 1024),
-                          what=path, warn=warn)
-    return {**scores, "model": model, "int8": options.get("int8", False), "batch_tokens": batch_tokens,
-            "text": path}
+    return evaluate_file(model, options, "text", lambda loaded, tokenizer, path: evaluate_mlm(
+        loaded, tokenizer, read_lines(path), options.get("batch_tokens", 4096), options.get("max_input_tokens", 1024),
+        what=path, warn=warn))
 
 
 SPEC = register_task(TaskSpec(
