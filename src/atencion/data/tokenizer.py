@@ -10,12 +10,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import select
 import signal
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, json_line, read_json
@@ -44,15 +43,16 @@ def _train_one(sentences: Iterable[str], vocab_size: int, model_type: str, chara
     return spm.SentencePieceProcessor(model_proto=_interruptible(train))
 
 
-def _interruptible(work):
+def _interruptible(work: Callable[[], bytes]) -> bytes:
     """``work()``, done by a forked child process while this process waits in short polls, so that
-    Ctrl-C stops it at once. SentencePiece trains in C++ and returns to Python only when done
-    (minutes on a large corpus): called here, it would hold a Ctrl-C until then. A thread would
-    not do either: the process could not exit cleanly while SentencePiece's threads run. The
-    child ignores SIGINT (a terminal sends it to both) and is killed when this process stops
-    waiting. Where there is no fork, or off the main thread (which alone receives signals), it
-    is a plain call. The child holds its own copy of the pages it touches (the corpus' strings,
-    whose reference counts it changes) until it is done."""
+    Ctrl-C stops it at once; its bytes, or its error's message, come back through a pipe (nothing
+    is pickled). SentencePiece trains in C++ and returns to Python only when done (minutes on a
+    large corpus): called here, it would hold a Ctrl-C until then. A thread would not do either:
+    the process could not exit cleanly while SentencePiece's threads run. The child ignores
+    SIGINT (a terminal sends it to both) and is killed when this process stops waiting. Where
+    there is no fork, or off the main thread (which alone receives signals), it is a plain call.
+    The child holds its own copy of the pages it touches (the corpus' strings, whose reference
+    counts it changes) until it is done."""
     if not hasattr(os, "fork") or threading.current_thread() is not threading.main_thread():
         return work()
     read, write = os.pipe()
@@ -62,14 +62,10 @@ def _interruptible(work):
         try:
             os.close(read)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                outcome = (True, work())
+            try:  # one byte says which: 1 and the bytes work() returned, or 0 and the error's message
+                data = b"\x01" + work()
             except BaseException as err:  # noqa: BLE001 - the caller raises it
-                outcome = (False, err)
-            try:
-                data = pickle.dumps(outcome)
-            except Exception:  # an error that does not pickle: its message
-                data = pickle.dumps((False, RuntimeError(str(outcome[1]))))
+                data = b"\x00" + (str(err) or type(err).__name__).encode("utf-8", "replace")
             with os.fdopen(write, "wb") as pipe:
                 pipe.write(data)
             status = 0
@@ -91,12 +87,12 @@ def _interruptible(work):
         if not finished:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    if not chunks:
+    data = b"".join(chunks)
+    if not data:
         raise RuntimeError("the SentencePiece trainer's process ended without an answer")
-    done, value = pickle.loads(b"".join(chunks))
-    if not done:
-        raise value
-    return value
+    if data[:1] != b"\x01":
+        raise RuntimeError(data[1:].decode("utf-8"))
+    return data[1:]
 
 
 def check_text(text: str, what: str) -> str:

@@ -44,7 +44,6 @@ def evaluate(model: str, warn=None, **options: Any) -> dict:
     evaluate's arguments by name (src, ref, text, tsv, block_size, device, int8, batch_tokens,
     max_input_tokens, decode, ...; None: not given): one that belongs to another task's models
     is refused, as is a missing one the task needs."""
-
     model_dir = need_dir(model, "--model")
     cfg = ModelConfig.load(model_dir / CONFIG_FILE)
     spec = TASKS[model_task(cfg)]

@@ -19,9 +19,9 @@ from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, translate_lines
 from ..errors import AtencionError
 from ..evaluate import evaluate, score
-from ..fileio import atomic_write, need_dir, need_file, need_output_file
+from ..fileio import atomic_write, need_file, need_output_file
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, register_task, valid_result
+from .base import Task, TaskBatch, TaskSpec, flag, register_task, valid_result
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,9 @@ def evaluate_translator(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a translator: translate ``src``, score against ``ref`` (evaluate.py)."""
     for option in ("src", "ref", "raw_ref", "recase_from"):
         if options.get(option):
-            need_file(options[option], "--" + option.replace("_", "-"))
+            need_file(options[option], flag(option))
     if options.get("output"):
         need_output_file(options["output"], "--output")
-    need_dir(model, "--model")
     return evaluate(model, options["src"], options["ref"], options.get("decode"), output=options.get("output"),
                     device=options.get("device", "cpu"), raw_ref=options.get("raw_ref"),
                     recase_from=options.get("recase_from"), lang=options.get("lang"),
