@@ -897,3 +897,33 @@ def test_a_text_argument_that_is_not_utf8_is_refused_naming_it_before_any_file_i
     assert line == (f"atencion attention: error: {named}: not valid UTF-8 (byte 0xff at character 1); "
                     f"give the text in UTF-8")
     assert not out.exists()
+
+
+CTRL_C_AT_IMPORT = """
+import signal, sys
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal
+import atencion.cli
+assert "torch" not in sys.modules, "import atencion.cli loaded torch"
+
+
+class PressCtrlCBeforeTorch:  # the key pressed at the moment torch starts loading
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            signal.raise_signal(signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, PressCtrlCBeforeTorch())
+sys.exit(atencion.cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_the_command_loads_torch_says_interrupted_not_a_traceback(tmp_path):
+    """The first seconds of every command load torch: a Ctrl-C then ends it with one line and
+    exit status 130, as at any later moment, and `import atencion.cli` itself costs no torch."""
+    process = subprocess.run([sys.executable, "-c", CTRL_C_AT_IMPORT, "presets"], capture_output=True, text=True,
+                             timeout=120)
+    assert process.returncode == 130, process.stderr
+    assert process.stderr.strip() == "atencion presets: interrupted", process.stderr

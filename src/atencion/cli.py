@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     name = f"atencion {args.command}"
     try:
         with remembering_ctrl_c():  # a Ctrl-C that something swallows still stops the command
+            with remembering_ctrl_c(defer=True):  # not cut in the middle of a C extension's loading (interrupt.py)
+                import numpy  # noqa: F401  (every command needs them; a Ctrl-C here becomes "interrupted")
+                import torch  # noqa: F401
             args.func(args)
     except Interrupted as err:
         return _fail(name, err, 130)
