@@ -127,7 +127,7 @@ def test_with_a_relative_kind_self_attention_is_not_permutation_equivariant(kind
     where = torch.arange(6)
     relative = model.encoder.relative
     terms = RelativeTerms(rotary=relative.angles(where)) if kind == "rope" else \
-        RelativeTerms(bias=relative.bias(where, where, causal=False)[None])
+        RelativeTerms(relative=relative, q_pos=where, k_pos=where, causal=False)
     out, _ = attention(x, positions=terms)
     out_perm, _ = attention(x[:, perm], positions=terms)
     assert (out_perm - out[:, perm]).abs().max() > 1e-3

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class ModelConfig:
     labels: list[str] | None = None        # the classification head's label names, in logit order
     moe: dict[str, Any] | None = None      # mixture of experts in place of the FFN: {experts, top_k,
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
+    attention: dict[str, Any] | None = None  # the self-attention's kind and its settings: {kind: flash, ...};
+                                           # None: eq. (1) itself, {kind: full} (ATTENTION_KINDS, nn/kinds/)
     rnn: dict[str, Any] | None = None      # arch rnn: {cell, hidden, bidirectional, decoder_hidden, bridge,
                                            # attention, score, input_feeding} (RNN_DEFAULTS, nn/rnn.py)
     task: str | None = None                # the task it was trained for (tasks/: translate, lm, mlm, classify);
@@ -109,6 +112,8 @@ class ModelConfig:
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
+        if not POSITIONS:  # the registry fills when nn/positional.py is first imported (it needs torch)
+            import_module(".nn.positional", __package__)
         _require_choice("positional", self.positional, tuple(POSITIONS))
         problem = POSITIONS[self.positional].check(self) if self.arch != "rnn" else None  # an RNN has no positions
         if problem:
@@ -129,6 +134,8 @@ class ModelConfig:
             if self.arch == "rnn":
                 raise AtencionError("moe replaces a Transformer's feed-forward layers; arch 'rnn' has none")
             self.moe = _moe_settings(self.moe, self._stack_depths())
+        if self.attention is not None:
+            self.attention = _attention_settings(self)
         if self.arch == "rnn":
             if self.num_labels:
                 raise AtencionError("num_labels (a classification head) needs arch 'encoder' or 'decoder', not 'rnn'")
@@ -193,8 +200,9 @@ class ModelConfig:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
         floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
-        if isinstance(values.get("rnn"), dict):
-            values["rnn"] = dict(values["rnn"])
+        for key in ("rnn", "attention"):
+            if isinstance(values.get(key), dict):
+                values[key] = dict(values[key])
         if isinstance(values.get("moe"), dict):
             values["moe"] = dict(values["moe"])
             floats += [(values["moe"], key) for key in ("aux_loss_weight", "capacity_factor")]
@@ -220,7 +228,7 @@ class ModelConfig:
 
 
 # The position kinds ``positional`` may name (nn/positional.py's PositionKind: role, module, length
-# limit, check), filled by nn/positional.py, which atencion/__init__.py imports before any config exists.
+# limit, check), filled by nn/positional.py, which ModelConfig imports before it checks the first config.
 POSITIONS: dict[str, Any] = {}
 ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
 TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
@@ -289,6 +297,77 @@ def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
         raise AtencionError("moe.layers every_other puts experts in layers 1, 3, ... (counting from 0), but no "
                             "stack has a second layer; use moe.layers: all")
     return settings
+
+
+# The kinds of self-attention (``attention.kind``) and each one's settings with their defaults
+# (nn/kinds/: what each computes). Cross-attention is always eq. (1).
+ATTENTION_KINDS: dict[str, dict[str, Any]] = {
+    "full": {},                                                   # eq. (1), torch's fused kernel
+    "flash": {"q_tile": 128, "k_tile": 128},                      # eq. (1) in tiles (Dao et al. 2022)
+    "window": {"window": 256},                                    # a sliding window of keys (Longformer, Mistral)
+    "longformer": {"window": 256, "global_tokens": 1},            # window + global tokens (Beltagy et al. 2020)
+    "bigbird": {"block_size": 64, "random_blocks": 3, "global_blocks": 1, "seed": 0},  # Zaheer et al. 2020
+    "linformer": {"proj_len": 256, "sharing": "headwise"},        # keys, values projected n → k (Wang et al. 2020)
+    "performer": {"features": 256, "redraw": 0, "seed": 0},       # FAVOR+ (Choromanski et al. 2021)
+}
+LINFORMER_SHARING = ("none", "headwise", "kv", "layerwise")
+_AT_LEAST = {"q_tile": 1, "k_tile": 1, "window": 1, "block_size": 1, "random_blocks": 0, "global_blocks": 0,
+             "seed": 0, "proj_len": 1, "features": 1, "redraw": 0}
+
+
+def _attention_settings(cfg: "ModelConfig") -> dict[str, Any]:
+    """``attention`` checked and completed with its kind's defaults (so config.json names every
+    setting): a key that is not a setting of the kind, a number out of range, a kind that does not
+    fit the arch or the positions are refused in one line naming the key."""
+    values = cfg.attention
+    if not isinstance(values, dict):
+        raise AtencionError(f"attention must be a mapping such as {{kind: flash}} (or null), got {values!r}")
+    kind = values.get("kind", "full")
+    _require_choice("attention.kind", kind, tuple(ATTENTION_KINDS))
+    known = ["kind", *ATTENTION_KINDS[kind]]
+    unknown = sorted(str(key) for key in set(values) - set(known))
+    if unknown:
+        raise AtencionError(f"attention.{unknown[0]} is not a setting of attention kind {kind!r}; its keys are {known}")
+    settings = {"kind": kind, **ATTENTION_KINDS[kind], **values}
+    for key, lowest in _AT_LEAST.items():
+        if key in settings and not (isinstance(settings[key], int) and not isinstance(settings[key], bool)
+                                    and settings[key] >= lowest):
+            raise AtencionError(f"attention.{key} must be an integer >= {lowest}, got {settings[key]!r}")
+    if kind == "longformer":
+        settings["global_tokens"] = _global_tokens(settings["global_tokens"], cfg.max_positions)
+    if kind == "linformer":
+        _require_choice("attention.sharing", settings["sharing"], LINFORMER_SHARING)
+        if cfg.arch != "encoder":
+            raise AtencionError(f"attention.kind linformer projects the keys along the whole length, so no query "
+                                f"can be kept from the future: it is for arch 'encoder', not {cfg.arch!r} (use "
+                                f"window, performer or flash)")
+        if settings["proj_len"] > cfg.max_positions:
+            raise AtencionError(f"attention.proj_len ({settings['proj_len']}) must be at most max_positions "
+                                f"({cfg.max_positions}), the longest input the projection takes")
+    if cfg.arch == "rnn" and kind != "full":
+        raise AtencionError("attention sets a Transformer's self-attention kind; arch 'rnn' has its own "
+                            "(rnn.attention)")
+    if kind in ("linformer", "performer") and cfg.positional in ("alibi", "t5"):
+        raise AtencionError(f"attention.kind {kind} computes no score matrix to add positional {cfg.positional!r}'s "
+                            f"bias to; use positional rope, sinusoidal or learned")
+    return settings
+
+
+def _global_tokens(value: Any, max_positions: int) -> int | list[int]:
+    """Longformer's global tokens: the first N (an integer), or a list of positions."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= max_positions:
+            raise AtencionError(f"attention.global_tokens must be between 0 and max_positions ({max_positions}) "
+                                f"(the first N tokens), got {value}")
+        return value
+    if not isinstance(value, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+        raise AtencionError(f"attention.global_tokens must be a count (the first N tokens) or a list of positions, "
+                            f"got {value!r}")
+    for position in value:
+        if not 0 <= position < max_positions:
+            raise AtencionError(f"attention.global_tokens: position {position} is beyond the length this model "
+                                f"takes (max_positions {max_positions})")
+    return sorted(set(value))
 
 
 RNN_DEFAULTS: dict[str, Any] = {"cell": "gru", "hidden": None, "bidirectional": True, "decoder_hidden": None,

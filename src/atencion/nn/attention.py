@@ -15,7 +15,7 @@ and one entry in a table of kinds that ``MultiHeadAttention.forward`` reads wher
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -114,17 +114,48 @@ def project_rows(linear: nn.Module, x: Tensor, start: int, stop: int) -> Tensor:
 
 @dataclass
 class RelativeTerms:
-    """What relative positions add to one self-attention call: RoPE's angles of the new positions
-    (cos, sin: (new, d_k)) and/or a score bias in the layout of the scores (1, heads, queries,
-    keys). A stack computes them once per forward pass, and every layer uses them."""
+    """Where one self-attention call's queries and keys are, and what relative positions add to it:
+    RoPE's angles of the new positions (``rotary``: cos, sin, (new, d_k)) and the score bias of
+    ``relative`` (ALiBi, T5: its ``bias(q_pos, k_pos, causal)``). A stack builds them once per
+    forward pass, and every layer uses them: eq. (1) reads the bias in the layout of the scores
+    (1, heads, queries, keys), computed once; a kind that never builds the scores (nn/kinds/)
+    reads it per tile through :meth:`bias_fn`. ``q_pos``/``k_pos``: the positions of the queries
+    and keys in the order the layer sees them (a beam's rows: stacked by slot, interleaved)."""
 
     rotary: tuple[Tensor, Tensor] | None = None
-    bias: Tensor | None = None
+    relative: nn.Module | None = None
+    q_pos: Tensor | None = None
+    k_pos: Tensor | None = None
+    causal: bool = False
+    _bias: Tensor | None = field(default=None, repr=False)
 
     def rotate(self, x: Tensor) -> Tensor:
         """(x · cos) + (rotate_half(x) · sin): x turned by the angles of its positions."""
         cos, sin = self.rotary
         return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+    @property
+    def bias(self) -> Tensor | None:
+        """The score bias (1, heads, queries, keys), or None."""
+        if self.relative is None:
+            return None
+        if self._bias is None:
+            self._bias = self.relative.bias(self.q_pos, self.k_pos, self.causal)[None]
+        return self._bias
+
+    def bias_fn(self, k_len: int):
+        """The bias as a function of query and key indices, ``(q_index, k_index) → (heads, Lq, Lk)``,
+        for ``k_len`` keys that are the last ``k_len`` of ``k_pos`` (a rolling cache keeps the last
+        ones); None without a bias."""
+        if self.relative is None:
+            return None
+        q_pos, k_pos = self.q_pos, self.k_pos[-k_len:]
+        return lambda q_index, k_index: self.relative.bias(q_pos[q_index], k_pos[k_index], self.causal)
+
+    def bias_params(self) -> tuple[Tensor, ...]:
+        """The learned tensors the bias is made of (T5's table), for kinds that compute their own
+        gradients."""
+        return () if self.relative is None else tuple(p for p in self.relative.parameters() if p.requires_grad)
 
 
 class MultiHeadAttention(nn.Module):
@@ -137,7 +168,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
-                 bias: bool = True, cross: bool = False, scale: bool = True):
+                 bias: bool = True, cross: bool = False, scale: bool = True, kind: nn.Module | None = None):
         super().__init__()
         if d_model % n_heads != 0:
             raise AtencionError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -145,6 +176,7 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = attention_dropout
         self.scale = None if scale else 1.0  # None: eq. (1)'s 1/√d_k
         self.cross = cross
+        self.kind = kind  # nn/kinds/: how self-attention is computed, if not by eq. (1) itself
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -176,6 +208,8 @@ class MultiHeadAttention(nn.Module):
                 if positions.rotary is not None:
                     q, k = positions.rotate(q), positions.rotate(k)
                 bias = positions.bias
+            if self.kind is not None:
+                return self._kind_attention(q, k, v, mask, cache, need_weights, packing, positions)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
@@ -189,21 +223,48 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.append(k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
-        group = q.size(0) // k.size(0)
-        if group > 1:  # several query rows per key row (beams of one sentence): stack their queries
-            b, h, t, d = k.size(0), self.h, q.size(2), self.d_k
-            q = q.view(b, group, h, t, d).transpose(1, 2).reshape(b, h, group * t, d)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, bias, self.scale)
-        if group > 1:
-            out = out.view(b, h, group, t, d).transpose(1, 2).reshape(b * group, h, t, d)
-            if weights is not None:
-                weights = weights.view(b, h, group, t, -1).transpose(1, 2).reshape(b * group, h, t, -1)
+        group = q.size(0) // k.size(0)  # several query rows per key row (beams of one sentence)
+        out, weights = scaled_dot_product_attention(stack_beams(q, group), k, v, mask, dropout_p, need_weights,
+                                                    bias, self.scale)
+        return self._output(unstack_beams(out, group), packing), unstack_beams(weights, group)
+
+    def _kind_attention(self, q, k, v, mask, cache, need_weights, packing, positions):
+        """Self-attention computed by ``self.kind`` (nn/kinds/), with its own cache when decoding."""
+        if cache is not None:
+            out, weights = self.kind.decode(q, k, v, mask, cache, positions, self.scale), None
+        else:
+            if mask is not None and mask.size(-2) != 1 and not self.kind.general_masks:
+                raise AtencionError(f"attention.kind {self.kind.name} takes a key-padding mask (batch, 1, 1, keys) "
+                                    f"and the causal mask it builds itself, got a mask of shape {tuple(mask.shape)}")
+            dropout_p = self.attention_dropout if self.training else 0.0
+            out, weights = self.kind(q, k, v, mask, positions, dropout_p, self.scale, need_weights)
+        return self._output(out, packing), weights
+
+    def _output(self, out: Tensor, packing: Packing | None) -> Tensor:
+        """The heads concatenated (batch, length, d_model) and projected by W^O."""
         out = out.transpose(1, 2).reshape(out.size(0), out.size(2), self.d_model)
         if packing is not None:
             out = packing.pack(out)
-        return self.out_proj(out), weights
+        return self.out_proj(out)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         """(batch, length, n·d_model) → (n, batch, h, length, d_k)."""
         b, t, _ = x.shape
         return x.view(b, t, n, self.h, self.d_k).permute(2, 0, 3, 1, 4)
+
+
+def stack_beams(q: Tensor, group: int) -> Tensor:
+    """(b · group, h, t, d) → (b, h, group · t, d): the queries of a beam's ``group`` rows, which
+    share one row of keys, stacked as the rows of one sentence (query ``slot · t + l``)."""
+    if group == 1:
+        return q
+    rows, h, t, d = q.shape
+    return q.view(rows // group, group, h, t, d).transpose(1, 2).reshape(rows // group, h, group * t, d)
+
+
+def unstack_beams(x: Tensor | None, group: int) -> Tensor | None:
+    """The inverse of :func:`stack_beams`, for outputs (…, d) and weights (…, keys) alike."""
+    if x is None or group == 1:
+        return x
+    b, h, _, last = x.shape
+    return x.view(b, h, group, -1, last).transpose(1, 2).reshape(b * group, h, -1, last)

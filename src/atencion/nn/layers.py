@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
+from .kinds import make_kind
 from .moe import MoEFeedForward, has_experts
 
 ACTIVATIONS = {
@@ -67,12 +68,16 @@ class Block(nn.Module):
     attention, then the feed-forward network, each inside a residual block. The encoder's
     blocks (and BERT's) have no cross-attention; the decoder's self-attention is masked
     (causal) by the mask the stack passes. With ``cfg.moe``, the feed-forward network of the
-    chosen layers (``index``: the block's place in its stack, from 0) is a mixture of experts."""
+    chosen layers (``index``: the block's place in its stack, from 0) is a mixture of experts. With
+    ``cfg.attention``, self-attention is computed by that kind (nn/kinds/), ``causal`` in a decoder;
+    ``shared``: what the kind's layers share (Linformer's layerwise projection)."""
 
-    def __init__(self, cfg, cross: bool = False, index: int = 0):
+    def __init__(self, cfg, cross: bool = False, index: int = 0, causal: bool = False,
+                 shared: nn.Module | None = None):
         super().__init__()
         heads = dict(attention_dropout=cfg.attention_dropout, bias=cfg.bias, scale=cfg.scale_attention)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, **heads)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, kind=make_kind(cfg, causal, index, shared),
+                                            **heads)
         self.res_self = Residual(cfg)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cross=True, **heads) if cross else None
         self.res_cross = Residual(cfg) if cross else None

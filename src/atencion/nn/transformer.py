@@ -12,19 +12,20 @@ from ..errors import AtencionError
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
+from .kinds import full_attention, shared_module
 from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
 from .model_dir import register_arch
 from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
 
 
-def _relative_terms(relative: nn.Module, q_pos: Tensor, k_pos: Tensor, causal: bool,
+def _relative_terms(relative: nn.Module | None, q_pos: Tensor, k_pos: Tensor, causal: bool,
                     rotary_pos: Tensor) -> RelativeTerms:
     """The relative-position terms of one stack's self-attention: queries at ``q_pos`` and keys
     at ``k_pos`` in the layout of the scores, new tokens at ``rotary_pos`` (RoPE)."""
     if isinstance(relative, RotaryPositions):
-        return RelativeTerms(rotary=relative.angles(rotary_pos))
-    return RelativeTerms(bias=relative.bias(q_pos, k_pos, causal)[None])
+        return RelativeTerms(rotary=relative.angles(rotary_pos), q_pos=q_pos, k_pos=k_pos, causal=causal)
+    return RelativeTerms(relative=relative, q_pos=q_pos, k_pos=k_pos, causal=causal)
 
 
 class Encoder(nn.Module):
@@ -40,7 +41,9 @@ class Encoder(nn.Module):
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg, index=i) for i in range(cfg.n_layers))
+        self.full = full_attention(cfg)
+        shared = shared_module(cfg)
+        self.layers = nn.ModuleList(Block(cfg, index=i, shared=shared) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
     def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False,
@@ -57,7 +60,7 @@ class Encoder(nn.Module):
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         positions = None
-        if self.relative is not None:  # bidirectional: every query sees every key
+        if self.relative is not None or not self.full:  # bidirectional: every query sees every key
             where = torch.arange(src_ids.size(1), device=src_ids.device)
             positions = _relative_terms(self.relative, where, where, False, where)
         packing = None
@@ -89,7 +92,9 @@ class Decoder(nn.Module):
         self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) \
             if cfg.embedding_norm and not cross else None
         self.dropout = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg, cross=cross, index=i) for i in range(cfg.decoder_layers))
+        self.full = full_attention(cfg)
+        self.layers = nn.ModuleList(Block(cfg, cross=cross, index=i, causal=True)
+                                    for i in range(cfg.decoder_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
 
     def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
@@ -102,7 +107,7 @@ class Decoder(nn.Module):
             x = self.embed_norm(x)
         x = self.dropout(x)
         positions = None
-        if self.relative is not None:
+        if self.relative is not None or not self.full:
             new = torch.arange(offset, offset + length, device=tgt_ids.device)
             keys = torch.arange(offset + length, device=tgt_ids.device)
             group = state.group if state is not None else 1
@@ -244,7 +249,7 @@ class Transformer(Model):
             raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
                              f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
         length = tgt_in_ids.size(1)
-        if tgt_mask is None:
+        if tgt_mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
             tgt_mask = causal_mask(length, device=tgt_in_ids.device)
         check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, length)
         hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
@@ -271,7 +276,8 @@ class Transformer(Model):
             return memory, {"encoder": attentions}
         self._check_ids("input_ids", input_ids, self.cfg.vocab_size)
         length = input_ids.size(1)
-        mask = causal_mask(length, device=input_ids.device) if mask is None else mask
+        if mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
+            mask = causal_mask(length, device=input_ids.device)
         check_mask(mask, "mask", input_ids.size(0), length, length)
         hidden, attentions, _ = self.decoder(input_ids, None, mask, None, need_weights=return_attention)
         if self.cfg.scale_output:
@@ -317,7 +323,8 @@ class Transformer(Model):
         if self.cfg.arch == "encoder":
             raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
         n = len(self.decoder.layers)
-        self_caches = [KVCache() if group == 1 else BeamKVCache(group) for _ in range(n)]
+        self_caches = [KVCache() if group == 1 else BeamKVCache(group) for _ in range(n)] if self.decoder.full \
+            else [layer.self_attn.kind.new_cache(group) for layer in self.decoder.layers]
         return DecoderState(src_mask, self_caches, [KVCache() for _ in range(n)], memory=memory, group=group)
 
     def decode_step(self, tgt_ids: Tensor, state: DecoderState) -> Tensor:

@@ -1,3 +1,337 @@
-"""Attention kinds beside eq. (1) (``model.attention: {kind: ...}``): exact attention computed in
-tiles (FlashAttention), local and sparse patterns (a sliding window, Longformer, BigBird), and
-low-rank and kernel approximations (Linformer, Performer)."""
+"""Attention kinds beside eq. (1) (``model.attention: {kind: ...}``, config.ATTENTION_KINDS): exact
+attention computed in tiles (FlashAttention, flash.py), local and sparse patterns (a sliding
+window, Longformer, BigBird: sparse.py), and low-rank and kernel approximations (Linformer,
+Performer: linformer.py, performer.py).
+
+Each kind is a module that a self-attention layer (attention.MultiHeadAttention) calls in place of
+``scaled_dot_product_attention`` with the same queries, keys and values (batch, heads, length,
+d_k): :meth:`AttentionKind.forward` over a whole sequence (training, encoding, a prompt), and
+:meth:`AttentionKind.decode` for the new positions of incremental decoding, with the cache the
+kind keeps (:meth:`AttentionKind.new_cache`: a window keeps its last ``window`` keys, the causal
+Performer a running sum). Cross-attention is always eq. (1). A kind's masks are structural:
+``causal`` and a key-padding mask (batch, 1, 1, keys), never an n × n tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..cache import BeamKVCache, KVCache
+
+
+class AttentionKind(nn.Module):
+    """The interface of a kind; by itself (``kind: full`` never builds one) it is not used."""
+
+    name = "full"
+    general_masks = False  # True: takes any boolean mask, not only key padding (batch, 1, 1, keys)
+
+    def __init__(self, settings: dict, causal: bool):
+        super().__init__()
+        self.settings, self.causal = dict(settings), causal
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights) -> tuple[Tensor, Tensor | None]:
+        """Attention over a whole sequence (queries are the last q_len positions when causal)."""
+        raise NotImplementedError
+
+    def pattern(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """Which keys each query may see, (1 or heads, queries, keys), from their positions; None: all."""
+        return None
+
+    def new_cache(self, group: int) -> KVCache:
+        """The self-attention cache of incremental decoding (``group``: rows of a beam)."""
+        return KVCache() if group == 1 else BeamKVCache(group)
+
+    def decode(self, q, k, v, mask, cache, positions, scale) -> Tensor:
+        """The new positions' output with a cache: a single row per sentence runs the kind itself
+        over the cached keys (the queries are the last positions); a beam's rows, whose keys are
+        interleaved by slot, run eq. (1) under the beam's mask and the kind's pattern."""
+        k, v = cache.append(k, v)
+        if cache_group(cache) == 1 and (mask is None or mask.size(-2) == q.size(2)):
+            return self.forward(q, k, v, None, positions, 0.0, scale, False)[0]
+        return self.explicit(q, k, v, mask, positions, scale)
+
+    def explicit(self, q, k, v, mask, positions, scale) -> Tensor:
+        """Eq. (1) under ``mask`` and the kind's pattern: exact for the exact and sparse kinds."""
+        from ..attention import scaled_dot_product_attention, stack_beams, unstack_beams
+
+        pattern = self.pattern(positions.q_pos, positions.k_pos)  # in the stacked layout already
+        if pattern is not None:
+            mask = pattern[None] if mask is None else mask & pattern[None]
+        group = q.size(0) // k.size(0)
+        out, _ = scaled_dot_product_attention(stack_beams(q, group), k, v, mask, 0.0, False, positions.bias, scale)
+        return unstack_beams(out, group)
+
+
+def cache_group(cache: KVCache) -> int:
+    return getattr(cache, "group", 1)
+
+
+# the kinds ---------------------------------------------------------------------------------------
+
+class Flash(AttentionKind):
+    """Eq. (1) in tiles with the online softmax (flash.py); its maps are eq. (1)'s own weights."""
+
+    name, general_masks = "flash", True
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        if need_weights:  # the same function, with the matrix it never builds otherwise
+            from ..attention import scaled_dot_product_attention
+
+            if self.causal:
+                mask = _causal(q.size(2), k.size(2), q.device) if mask is None else mask & _causal(
+                    q.size(2), k.size(2), q.device)
+            bias = None if positions is None else positions.bias
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p, True, bias, scale)
+        from .flash import flash_attention
+
+        bias, params = _bias(positions, k.size(2))
+        out = flash_attention(q, k, v, mask=mask, causal=self.causal, bias=bias, bias_params=params,
+                              dropout_p=dropout_p, scale=scale, q_tile=self.settings["q_tile"],
+                              k_tile=self.settings["k_tile"])
+        return out, None
+
+
+class Window(AttentionKind):
+    """A sliding window of ``window`` keys (sparse.py): in a decoder query i sees i − w < j ≤ i
+    (Mistral's ``sliding_window``), in an encoder |i − j| < w; decoding keeps the last ``window``
+    keys only, so its memory stays flat however long the text."""
+
+    name = "window"
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        from .sparse import window_attention
+
+        bias, _ = _bias(positions, k.size(2))
+        return window_attention(q, k, v, self.settings["window"], causal=self.causal, mask=mask, bias=bias,
+                                dropout_p=dropout_p, scale=scale, need_weights=need_weights)
+
+    def pattern(self, q_pos, k_pos):
+        distance = q_pos[:, None] - k_pos[None, :]
+        if self.causal:
+            return ((distance >= 0) & (distance < self.settings["window"]))[None]
+        return (distance.abs() < self.settings["window"])[None]
+
+    def new_cache(self, group):
+        return RollingKVCache(self.settings["window"]) if group == 1 else BeamKVCache(group)
+
+
+class Longformer(Window):
+    """Longformer (Beltagy et al. 2020): the window, plus global tokens that see every key and that
+    every query sees (sparse.py)."""
+
+    name = "longformer"
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        from .sparse import longformer_attention
+
+        bias, _ = _bias(positions, k.size(2))
+        return longformer_attention(q, k, v, self.settings["window"], self._globals(k.size(2), q.device),
+                                    causal=self.causal, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale,
+                                    need_weights=need_weights)
+
+    def _globals(self, length: int, device) -> Tensor:
+        """The global positions within ``length`` (a shorter input has fewer of them)."""
+        tokens = self.settings["global_tokens"]
+        where = torch.arange(min(tokens, length)) if isinstance(tokens, int) else torch.tensor(
+            [p for p in tokens if p < length], dtype=torch.long)
+        return where.to(device)
+
+    def pattern(self, q_pos, k_pos):
+        tokens = self.settings["global_tokens"]
+        globals_ = (lambda p: p < tokens) if isinstance(tokens, int) else \
+            (lambda p: torch.isin(p, torch.tensor(tokens, device=p.device)))
+        seen = super().pattern(q_pos, k_pos)[0] | globals_(q_pos)[:, None] | globals_(k_pos)[None, :]
+        if self.causal:
+            seen &= k_pos[None, :] <= q_pos[:, None]
+        return seen[None]
+
+    def new_cache(self, group):  # a global token stays visible: every key is kept
+        return KVCache() if group == 1 else BeamKVCache(group)
+
+
+class BigBird(AttentionKind):
+    """BigBird (Zaheer et al. 2020): blocks that see their neighbours, random blocks fixed per
+    layer and head, and global blocks (sparse.py)."""
+
+    name = "bigbird"
+
+    def __init__(self, settings, causal, heads: int, layer: int):
+        super().__init__(settings, causal)
+        self.heads, self.seed = heads, settings["seed"] * 1_000_003 + layer  # fixed per layer (and, inside, head)
+
+    def _args(self):
+        s = self.settings
+        return s["block_size"], s["random_blocks"], s["global_blocks"], self.seed
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        from .sparse import bigbird_attention
+
+        bias, _ = _bias(positions, k.size(2))
+        return bigbird_attention(q, k, v, *self._args(), causal=self.causal, mask=mask, bias=bias,
+                                 dropout_p=dropout_p, scale=scale, need_weights=need_weights)
+
+    def pattern(self, q_pos, k_pos):
+        from .sparse import bigbird_pattern
+
+        length = int(max(q_pos.max(), k_pos.max())) + 1
+        full = bigbird_pattern(length, length, *self._args(), self.heads, self.causal, device=q_pos.device)
+        return full[:, q_pos][:, :, k_pos]
+
+
+class Linformer(AttentionKind):
+    """Linformer (Wang et al. 2020): keys and values projected along the length to ``proj_len``
+    (linformer.py). Its maps are the effective weights on the input positions, P·F (the
+    weights over the projected keys times the values' projection): they need not be positive."""
+
+    name = "linformer"
+
+    def __init__(self, settings, causal, heads: int, max_len: int, shared: nn.Module | None = None):
+        super().__init__(settings, causal)
+        from .linformer import LinformerProjection
+
+        self.projection = shared if shared is not None else LinformerProjection(
+            heads, max_len, settings["proj_len"], settings["sharing"])
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        from .linformer import linformer_attention
+
+        return linformer_attention(q, k, v, self.projection, mask=mask, dropout_p=dropout_p, scale=scale,
+                                   need_weights=need_weights)
+
+
+class Performer(AttentionKind):
+    """Performer's FAVOR+ (Choromanski et al. 2021): softmax attention estimated with positive
+    random features (performer.py); causal by prefix sums, decoding with a running sum. Its maps
+    are the weights it implies, φ(q)·φ(k) normalised."""
+
+    name = "performer"
+
+    def __init__(self, settings, causal, d_k: int, layer: int):
+        super().__init__(settings, causal)
+        from .performer import PerformerFeatures
+
+        self.features = PerformerFeatures(d_k, settings["features"], settings["redraw"],
+                                          settings["seed"] * 1_000_003 + layer)
+
+    def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
+        from .performer import performer_attention
+
+        return performer_attention(q, k, v, self.features, causal=self.causal, mask=mask, scale=scale,
+                                   need_weights=need_weights)
+
+    def new_cache(self, group):
+        from .performer import PerformerState
+
+        return PerformerCache(PerformerState()) if group == 1 else BeamKVCache(group)
+
+    def decode(self, q, k, v, mask, cache, positions, scale):
+        if isinstance(cache, PerformerCache):
+            from .performer import performer_step
+
+            return performer_step(q, k, v, self.features, cache.state, scale=scale)
+        k, v = cache.append(k, v)  # a beam: the implied weights under the beam's mask
+        from ..attention import stack_beams, unstack_beams
+
+        group = q.size(0) // k.size(0)
+        out = _masked_performer(stack_beams(q, group), k, v, mask, self.features, scale)
+        return unstack_beams(out, group)
+
+
+def full_attention(cfg) -> bool:
+    """Whether self-attention is eq. (1) itself (no ``attention``, or ``kind: full``)."""
+    return cfg.attention is None or cfg.attention["kind"] == "full"
+
+
+def make_kind(cfg, causal: bool, layer: int, shared: nn.Module | None = None) -> AttentionKind | None:
+    """The kind of one self-attention layer (``layer``: its place in the stack), or None for eq. (1)."""
+    if full_attention(cfg):
+        return None
+    settings = cfg.attention
+    kind = settings["kind"]
+    if kind == "flash":
+        return Flash(settings, causal)
+    if kind == "window":
+        return Window(settings, causal)
+    if kind == "longformer":
+        return Longformer(settings, causal)
+    if kind == "bigbird":
+        return BigBird(settings, causal, cfg.n_heads, layer)
+    if kind == "linformer":
+        return Linformer(settings, causal, cfg.n_heads, cfg.max_positions, shared)
+    return Performer(settings, causal, cfg.d_k, layer)
+
+
+def shared_module(cfg) -> nn.Module | None:
+    """What every layer of a stack shares: Linformer's one projection under ``sharing: layerwise``."""
+    settings = cfg.attention
+    if settings is None or settings["kind"] != "linformer" or settings["sharing"] != "layerwise":
+        return None
+    from .linformer import LinformerProjection
+
+    return LinformerProjection(cfg.n_heads, cfg.max_positions, settings["proj_len"], "layerwise")
+
+
+# caches and helpers ------------------------------------------------------------------------------
+
+class RollingKVCache(KVCache):
+    """A sliding window's self-attention cache: the last ``window`` keys and values and no more,
+    so decoding takes the same memory at step 100 and at step 100,000."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window, self.seen = window, 0
+
+    def __len__(self) -> int:
+        return self.seen
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Every key the new queries may see (the kept ones, then the new), then keep the last
+        ``window − 1``: the next query sees those and itself."""
+        self.seen += k.size(2)
+        k, v = super().append(k, v)
+        start = max(0, k.size(2) - (self.window - 1))
+        self.k, self.v = k[:, :, start:], v[:, :, start:]
+        return k, v
+
+
+class PerformerCache(KVCache):
+    """The causal Performer's decoding state (running sums) behind the cache interface."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def __len__(self) -> int:
+        return getattr(self.state, "length", 0)
+
+    def reorder(self, index: Tensor) -> None:
+        self.state.reorder(index)
+
+
+def _causal(q_len: int, k_len: int, device) -> Tensor:
+    """(1, 1, q_len, k_len): the queries are the last q_len positions."""
+    keys = torch.arange(k_len, device=device)
+    queries = torch.arange(k_len - q_len, k_len, device=device)
+    return (keys[None, :] <= queries[:, None])[None, None]
+
+
+def _bias(positions, k_len: int):
+    """The relative bias as a function of indices and its learned tensors, or (None, ())."""
+    if positions is None or positions.relative is None:
+        return None, ()
+    return positions.bias_fn(k_len), positions.bias_params()
+
+
+def _masked_performer(q, k, v, mask, features, scale):
+    """The Performer's implied weights φ(q)·φ(k) under a boolean mask, normalised: a beam's rows."""
+    from .performer import performer_attention
+
+    _, weights = performer_attention(q, k, v, features, causal=False, mask=None, scale=scale, need_weights=True)
+    if mask is not None:
+        weights = weights * mask
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    return weights @ v
+
+
+__all__ = ["AttentionKind", "RollingKVCache", "full_attention", "make_kind", "shared_module"]
