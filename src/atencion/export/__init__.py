@@ -5,7 +5,8 @@ writes a directory that works on its own; each is tested to compute what atencio
 
 Every format takes the paper's translator only for now: it refuses relative positions (rope,
 alibi, t5), the single-stack archs, RMSNorm, unscaled attention, T5's scaled output and
-mixture-of-experts layers (``moe``).
+mixture-of-experts layers (``moe``) and the attention kinds other than eq. (1) (``attention``:
+flash, exact, is eq. (1) once exported).
 
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
   else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
@@ -63,6 +64,9 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     if cfg.moe is not None:
         raise AtencionError(f"export to {fmt}: moe (mixture-of-experts feed-forward layers) cannot be exported; "
                             f"the exporters take one dense feed-forward network per layer")
+    if cfg.attention is not None and cfg.attention["kind"] not in ("full", "flash"):
+        raise AtencionError(f"export to {fmt}: attention.kind {cfg.attention['kind']} cannot be exported; the "
+                            f"exporters compute eq. (1) (kinds full and flash)")
     unsupported = {"arch": ("encoder-decoder",), "norm": ("layernorm",), "activation": ("relu", "gelu"),
                    "scale_attention": (True,), "scale_output": (False,)}
     for key, allowed in unsupported.items():

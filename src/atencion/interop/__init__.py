@@ -45,6 +45,9 @@ def to_hf(model, family: str | None = None):
     if cfg.moe is not None:
         raise AtencionError("to_hf: moe (mixture-of-experts feed-forward layers) cannot be expressed by the "
                             "Hugging Face classes of interop, which have one dense feed-forward network per layer")
+    if cfg.attention is not None and cfg.attention["kind"] not in ("full", "flash"):
+        raise AtencionError(f"to_hf: attention.kind {cfg.attention['kind']} cannot be expressed by the Hugging Face "
+                            f"classes of interop, which compute eq. (1) (kinds full and flash)")
     if family is None:
         if cfg.arch == "encoder":
             family = "bert"
