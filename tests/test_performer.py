@@ -52,13 +52,13 @@ def test_the_estimate_converges_to_equation_one_as_features_grow():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("q_len", [70, 45])
+@pytest.mark.parametrize("q_len", [300, 170])
 def test_linear_form_equals_its_quadratic_form_in_values_and_gradients(causal, q_len):
-    q, k, v = _qkv(tq=q_len)
-    mask = _key_padding(2, 70, [(0, 70), (20, 61)])  # the second row's first 20 keys: a padded prefix
+    q, k, v = _qkv(tq=q_len, tk=300)  # three chunks of the causal prefix sums
+    mask = _key_padding(2, 300, [(0, 300), (20, 261)])  # the second row's first 20 keys: a padded prefix
     features = PerformerFeatures(8, 24, seed=1).double()
     out, weights = performer_attention(q, k, v, features, causal=causal, mask=mask, need_weights=True)
-    allowed = mask & causal_mask(q_len, 70 - q_len) if causal else mask
+    allowed = mask & causal_mask(q_len, 300 - q_len) if causal else mask
     expected, expected_weights = _quadratic_form(q, k, v, features.omega.double(), allowed, 8 ** -0.5)
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=1e-10)
@@ -70,29 +70,29 @@ def test_linear_form_equals_its_quadratic_form_in_values_and_gradients(causal, q
 
 
 def test_step_by_step_decoding_equals_the_causal_full_pass():
-    q, k, v = (x.detach() for x in _qkv(tq=90, tk=90, dtype=torch.float32))
+    q, k, v = (x.detach() for x in _qkv(tq=150, tk=150, dtype=torch.float32))
     features = PerformerFeatures(8, 32, seed=2)
     full, _ = performer_attention(q, k, v, features, causal=True)
-    for sizes in ([1] * 90, [5, 1, 30, 54]):  # one position at a time; and a prompt, then steps, across chunks
+    for sizes in ([1] * 150, [5, 1, 130, 14]):  # one position at a time; and a prompt, then steps, across chunks
         state, outputs, start = PerformerState(), [], 0
         for size in sizes:
             stop = start + size
             outputs.append(performer_step(q[..., start:stop, :], k[..., start:stop, :], v[..., start:stop, :],
                                           features, state))
             start = stop
-        assert state.length == 90
+        assert state.length == 150
         torch.testing.assert_close(torch.cat(outputs, dim=-2), full, atol=1e-5, rtol=1e-5)
 
 
 def test_no_causal_output_depends_on_a_later_key_even_through_rounding():
-    q, k, v = (x.detach() for x in _qkv(tq=100, tk=100, dtype=torch.float32))
+    q, k, v = (x.detach() for x in _qkv(tq=300, tk=300, dtype=torch.float32))
     features = PerformerFeatures(8, 32, seed=3)
     out, _ = performer_attention(q, k, v, features, causal=True)
     k2, v2 = k.clone(), v.clone()
-    k2[..., 40:, :] *= 30  # keys far larger than the earlier ones: a shared maximum would underflow the rest
-    v2[..., 40:, :] *= 30
+    k2[..., 140:, :] *= 30  # keys far larger than the earlier ones: a shared maximum would underflow the rest
+    v2[..., 140:, :] *= 30
     again, _ = performer_attention(q, k2, v2, features, causal=True)
-    torch.testing.assert_close(again[..., :40, :], out[..., :40, :], atol=0, rtol=0)
+    torch.testing.assert_close(again[..., :140, :], out[..., :140, :], atol=0, rtol=0)
     assert torch.isfinite(again).all()
 
 

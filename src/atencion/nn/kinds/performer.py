@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ...errors import AtencionError
 from ..attention import causal_mask, check_mask
 
-CHUNK = 64  # positions per step of the causal prefix sums: the (chunk × chunk) block is the only quadratic term
+CHUNK = 128  # positions per step of the causal prefix sums: the (chunk × chunk) block is the only quadratic term
 
 
 def orthogonal_gaussian(d_k: int, features: int, generator: torch.Generator) -> Tensor:
@@ -128,9 +128,10 @@ def performer_attention(
     v_work = v.to(work)
     if causal:
         state, offset = PerformerState(), k_len - q_len
+        (early_k, k_exp), (early_v, v_work) = key_exp.split([offset, q_len], -2), v_work.split([offset, q_len], -2)
         if offset:  # keys before the first query: every query sees them
-            _causal(None, key_exp[..., :offset, :], v_work[..., :offset, :], state)
-        out = _causal(phi_q, key_exp[..., offset:, :], v_work[..., offset:, :], state)
+            _causal(None, early_k, early_v, state)
+        out = _causal(phi_q, k_exp, v_work, state)
     else:
         out = _bidirectional(phi_q, key_exp, v_work)
     weights = _implied_weights(phi_q, key_exp, causal).to(q.dtype) if need_weights else None
@@ -185,11 +186,10 @@ def _causal(phi_q: Tensor | None, key_exp: Tensor, v: Tensor, state: PerformerSt
         state.S = key_exp.new_zeros(batch, heads, m, v.size(-1))
         state.z = key_exp.new_zeros(batch, heads, m)
         state.stabiliser = key_exp.new_full((batch, heads, 1), torch.finfo(key_exp.dtype).min)
-    outputs = []
-    for start in range(0, n, CHUNK):
-        stop = min(start + CHUNK, n)
-        chunk_q = None if phi_q is None else phi_q[..., start:stop, :]
-        outputs.append(_causal_chunk(chunk_q, key_exp[..., start:stop, :], v[..., start:stop, :], state))
+    # split, not sliced chunk by chunk: the gradient of a slice is a zero tensor of the whole length
+    chunks_q = [None] * math.ceil(n / CHUNK) if phi_q is None else phi_q.split(CHUNK, dim=-2)
+    outputs = [_causal_chunk(chunk_q, chunk_k, chunk_v, state)
+               for chunk_q, chunk_k, chunk_v in zip(chunks_q, key_exp.split(CHUNK, dim=-2), v.split(CHUNK, dim=-2))]
     state.length += n
     return None if phi_q is None else torch.cat(outputs, dim=-2)
 
