@@ -89,7 +89,8 @@ def test_no_causal_output_depends_on_a_later_key_even_through_rounding():
     features = PerformerFeatures(8, 32, seed=3)
     out, _ = performer_attention(q, k, v, features, causal=True)
     k2, v2 = k.clone(), v.clone()
-    k2[..., 140:, :] *= 30  # keys far larger than the earlier ones: a shared maximum would underflow the rest
+    # later keys at the features' largest exponent (x = ωᵢ): a maximum shared with them would rescale the rest
+    k2[..., 140:, :] = features.omega[features.omega.norm(dim=1).argmax()] * 8 ** 0.25
     v2[..., 140:, :] *= 30
     again, _ = performer_attention(q, k2, v2, features, causal=True)
     torch.testing.assert_close(again[..., :140, :], out[..., :140, :], atol=0, rtol=0)
