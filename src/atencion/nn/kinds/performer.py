@@ -128,10 +128,9 @@ def performer_attention(
     v_work = v.to(work)
     if causal:
         state, offset = PerformerState(), k_len - q_len
-        (early_k, k_exp), (early_v, v_work) = key_exp.split([offset, q_len], -2), v_work.split([offset, q_len], -2)
         if offset:  # keys before the first query: every query sees them
-            _causal(None, early_k, early_v, state)
-        out = _causal(phi_q, k_exp, v_work, state)
+            _causal(None, key_exp[..., :offset, :], v_work[..., :offset, :], state)
+        out = _causal(phi_q, key_exp[..., offset:, :], v_work[..., offset:, :], state)
     else:
         out = _bidirectional(phi_q, key_exp, v_work)
     weights = _implied_weights(phi_q, key_exp, causal).to(q.dtype) if need_weights else None
