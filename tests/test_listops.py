@@ -244,3 +244,24 @@ def test_a_listops_row_longer_than_data_max_len_is_dropped_and_counted(listops_d
     assert dropped and len(task.examples) == len(lengths) - dropped
     assert max(len(e) for e in task.examples) <= limit + 2  # <s> and </s>: nothing was cut short
     assert f"dropped {dropped} of {len(lengths)} sentences longer than data.max_len={limit}" in caplog.text
+
+
+# the configs -----------------------------------------------------------------------------------------
+
+ATTENTION_KEYS = {"full": set(), "flash": {"q_tile", "k_tile"}, "window": {"window"},
+                  "longformer": {"window", "global_tokens"},
+                  "bigbird": {"block_size", "random_blocks", "global_blocks"},
+                  "linformer": {"proj_len", "sharing"}, "performer": {"features", "redraw"}}
+
+
+def test_the_listops_configs_differ_in_model_attention_alone():
+    import yaml
+
+    configs = {kind: yaml.safe_load(open(f"configs/listops_{kind}.yaml")) for kind in ATTENTION_KEYS}
+    for kind, raw in configs.items():
+        attention = raw["model"].pop("attention", {"kind": "full"})
+        assert attention.pop("kind") == kind and set(attention) == ATTENTION_KEYS[kind], kind
+        assert raw == configs["full"], kind
+    cfg = load_config("configs/listops_full.yaml")
+    assert (cfg.task, cfg.data.tokenizer, cfg.data.max_len, cfg.model["max_positions"]) == (
+        "classify", "whitespace", 2000, 2048)
