@@ -1,5 +1,6 @@
-"""Subwords with SentencePiece (BPE or unigram), or characters (``CharVocab``, for nanoGPT-style
-language models), trained on the training data, stored beside the model.
+"""Subwords with SentencePiece (BPE or unigram), characters (``CharVocab``, for nanoGPT-style
+language models) or whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps),
+trained on the training data, stored beside the model.
 
 Ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2, eos 3; a vocabulary for masked
 language modelling also holds ``<mask>``.
@@ -119,36 +120,61 @@ class CharVocab:
     SentencePiece's interface the rest of atencion uses; a character never seen in training is
     ``<unk>``."""
 
+    kind, unit, separator = "char", "character", ""  # the data.tokenizer name; a symbol in messages; decode's glue
+
     def __init__(self, pieces: list[str]):
         self.pieces = list(pieces)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        # what a text's symbols read as: the special tokens' names are <unk> there, as SentencePiece reads them
+        self.lookup = {piece: i for piece, i in self.ids.items() if piece not in SPECIALS}
+
+    @staticmethod
+    def split(text: str) -> list[str]:
+        """The symbols of ``text``, one token each."""
+        return list(text)
 
     @classmethod
     def train(cls, texts: Iterable[str], symbols: tuple[str, ...] = ()) -> "CharVocab":
-        chars: set[str] = set()
+        seen: set[str] = set()
         for text in texts:
-            chars.update(text)
-        return cls([*SPECIALS, *symbols, *sorted(chars)])
+            seen.update(cls.split(text))
+        return cls([*SPECIALS, *symbols, *sorted(seen.difference(SPECIALS, symbols))])
 
     def get_piece_size(self) -> int:
         return len(self.pieces)
 
     def encode(self, text: str, out_type=int) -> list:
+        symbols = self.split(text)
         if out_type is str:
-            return list(text)
-        ids, unk = self.ids, UNK_ID
-        return [ids.get(char, unk) for char in text]
+            return symbols
+        lookup, unk = self.lookup, UNK_ID
+        return [lookup.get(symbol, unk) for symbol in symbols]
 
     def decode(self, ids: list[int]) -> str:
-        """The characters of ``ids``; special tokens are left out."""
+        """The symbols of ``ids``; special tokens are left out."""
         pieces, size = self.pieces, len(self.pieces)
-        return "".join(pieces[i] for i in ids if EOS_ID < i < size and pieces[i] != MASK)
+        return self.separator.join(pieces[i] for i in ids if EOS_ID < i < size and pieces[i] != MASK)
 
     def id_to_piece(self, i: int) -> str:
         return self.pieces[i]
 
     def piece_to_id(self, piece: str) -> int:
         return self.ids.get(piece, UNK_ID)
+
+
+class WhitespaceVocab(CharVocab):
+    """One token per whitespace-separated symbol (LRA's ListOps: ``[MAX``, ``4``, ``]``, read by
+    LRA's whitespace tokenizer): the special tokens, then every symbol of the training text in
+    code-point order; a symbol never seen in training is ``<unk>``; ``decode`` joins by spaces."""
+
+    kind, unit, separator = "whitespace", "symbol", " "
+
+    @staticmethod
+    def split(text: str) -> list[str]:
+        return text.split()
+
+
+VOCABS = {vocab.kind: vocab for vocab in (CharVocab, WhitespaceVocab)}  # data.tokenizer → the vocabulary class
 
 
 class Tokenizer:
@@ -173,7 +199,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        return "char" if isinstance(self.src, CharVocab) else "sentencepiece"
+        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"."""
+        return getattr(self.src, "kind", "sentencepiece")
 
     @property
     def vocab_size(self) -> int:
@@ -198,10 +225,11 @@ class Tokenizer:
     def train_text(cls, texts: list[str], kind: str = "sentencepiece", vocab_size: int = 8000,
                    model_type: str = "bpe", character_coverage: float = 1.0,
                    symbols: tuple[str, ...] = ()) -> "Tokenizer":
-        """One vocabulary for a single-stack model, from plain text: characters (``kind`` "char")
-        or SentencePiece pieces; ``symbols`` such as ``<mask>`` get ids of their own."""
-        if kind == "char":
-            return cls(CharVocab.train(texts, symbols))
+        """One vocabulary for a single-stack model, from plain text: characters (``kind`` "char"),
+        whitespace-separated symbols ("whitespace") or SentencePiece pieces; ``symbols`` such as
+        ``<mask>`` get ids of their own."""
+        if kind in VOCABS:
+            return cls(VOCABS[kind].train(texts, symbols))
         return cls(_train_one(texts, vocab_size, model_type, character_coverage, symbols=symbols))
 
     @classmethod
@@ -233,8 +261,8 @@ class Tokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.kind == "char":
-            info = {"kind": "char", "joint": True, "src_vocab_size": self.src_vocab_size,
+        if self.kind in VOCABS:
+            info = {"kind": self.kind, "joint": True, "src_vocab_size": self.src_vocab_size,
                     "tgt_vocab_size": self.src_vocab_size, "pieces": self.src.pieces}
             atomic_write_bytes(directory / INFO_FILE, (json.dumps(info, indent=1) + "\n").encode())
             return
@@ -251,13 +279,14 @@ class Tokenizer:
 
         directory = Path(directory)
         info = read_json(directory / INFO_FILE, "tokenizer description")
-        if info.get("kind") == "char":
+        vocab = VOCABS.get(info.get("kind")) if isinstance(info.get("kind"), str) else None
+        if vocab is not None:
             pieces = info.get("pieces")
             if (not isinstance(pieces, list) or list(pieces[: len(SPECIALS)]) != list(SPECIALS)
                     or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces)):
                 raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'pieces')}: "
-                                    f"'pieces' must list {list(SPECIALS)} and then distinct characters")
-            return cls(CharVocab(pieces))
+                                    f"'pieces' must list {list(SPECIALS)} and then distinct {vocab.unit}s")
+            return cls(vocab(pieces))
         names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
         models = []
         for name in names:

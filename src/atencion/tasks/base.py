@@ -237,31 +237,32 @@ def listing(items: list, limit: int = 10) -> str:
 
 def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=None,
                 lines: list[int] | None = None) -> None:
-    """Warn once, by ``warn(message)`` (default: a logging warning), of the characters of
-    ``texts`` that a character vocabulary lacks and so reads as ``<unk>``: how many, which (in the
-    order they first appear), named by ``what`` and, for a list of texts, the line of the first
-    text holding one (``lines``: the texts' line numbers; default 1, 2, ...). Nothing for
-    SentencePiece, whose pieces cover what its training text held."""
-    if tokenizer.kind != "char":
+    """Warn once, by ``warn(message)`` (default: a logging warning), of the symbols of ``texts``
+    (characters, or whitespace-separated symbols) that a character or whitespace vocabulary
+    lacks and so reads as ``<unk>``: how many, which (in the order they first appear), named by
+    ``what`` and, for a list of texts, the line of the first text holding one (``lines``: the
+    texts' line numbers; default 1, 2, ...). Nothing for SentencePiece, whose pieces cover what
+    its training text held."""
+    if tokenizer.kind == "sentencepiece":
         return
+    vocab = tokenizer.src
     many = not isinstance(texts, str)
-    texts = list(texts) if many else [texts]
-    known = tokenizer.src.ids
-    missing = set().union(*texts).difference(known)
+    texts = [vocab.split(text) for text in (texts if many else [texts])]
+    missing = set().union(*texts).difference(vocab.lookup)
     if not missing:
         return
     seen: dict[str, None] = {}
     first = None
-    for k, text in enumerate(texts):
-        for char in text:
-            if char in missing and char not in seen:
-                seen[char] = None
+    for k, symbols in enumerate(texts):
+        for symbol in symbols:
+            if symbol in missing and symbol not in seen:
+                seen[symbol] = None
                 first = k if first is None else first
         if len(seen) == len(missing):
             break
     n = len(seen)
     where = f" (first on line {lines[first] if lines is not None else first + 1})" if many else ""
-    (warn or log.warning)(f"{what}: {n} character{'' if n == 1 else 's'} not in the vocabulary, read as <unk>: "
+    (warn or log.warning)(f"{what}: {n} {vocab.unit}{'' if n == 1 else 's'} not in the vocabulary, read as <unk>: "
                           f"{listing([repr(c) for c in seen])}{where}")
 
 

@@ -36,7 +36,8 @@ class DataConfig:
     block_size: int = 256               # lm: tokens per training block (the context length)
     mask_probability: float = 0.15      # mlm: share of the tokens chosen for prediction (BERT: 15%)
     header: str = "auto"                # classify TSV: "auto" (a first line whose label is no label), "yes", "no"
-    tokenizer: str = "sentencepiece"    # "sentencepiece" (model_type, vocab_size) or "char" (one per character)
+    tokenizer: str = "sentencepiece"    # "sentencepiece" (model_type, vocab_size), "char" (one per character) or
+                                        # "whitespace" (one per whitespace-separated symbol)
     empty_lines: str = "skip"           # "skip" (drop and count) or "error"
     max_len: int = 256                  # pairs (mlm, classify: sentences) longer than this many tokens are
                                         # dropped (counted)
@@ -313,7 +314,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     choices = [("data.empty_lines", d.empty_lines, ("skip", "error")),
                ("data.model_type", d.model_type, ("bpe", "unigram")),
                ("data.header", d.header, ("auto", "yes", "no")),
-               ("data.tokenizer", d.tokenizer, ("sentencepiece", "char")),
+               ("data.tokenizer", d.tokenizer, ("sentencepiece", "char", "whitespace")),
                ("train.early_stop_metric", cfg.early_stop_metric, ("bleu", "loss", "accuracy")),
                ("train.schedule", t.schedule, ("inverse_sqrt", "cosine", "constant")),
                ("train.optimizer", t.optimizer, ("adam", "adamw"))]
@@ -348,8 +349,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                             f"set train.max_steps")
     if cfg.task != "translate" and d.tokenizer == "sentencepiece" and not d.joint:
         raise AtencionError(f"{source}: data.joint: false is for translation; task {cfg.task!r} has one vocabulary")
-    if cfg.task == "translate" and d.tokenizer == "char":
-        raise AtencionError(f"{source}: data.tokenizer: char is for the single-stack tasks (lm, mlm, classify)")
+    if cfg.task == "translate" and d.tokenizer != "sentencepiece":
+        raise AtencionError(f"{source}: data.tokenizer: {d.tokenizer} is for the single-stack tasks (lm, mlm, "
+                            f"classify)")
     if t.lora is not None:
         try:
             LoraSpec.from_config(t.lora)

@@ -60,6 +60,17 @@ from ..nn.positional import position_limit
 
 log = logging.getLogger(__name__)
 
+# What the self-attention maps of a kind other than eq. (1) show (model.attention, nn/kinds/).
+KIND_NOTES = {
+    "flash": "flash computes eq. (1) exactly: these are its weights",
+    "window": "a sliding window: zero outside each query's window",
+    "longformer": "Longformer: zero outside each query's window, except the global tokens' rows and columns",
+    "bigbird": "BigBird: zero outside each query's neighbour, random and global blocks",
+    "linformer": "Linformer: the effective weights on the input positions, P·F (softmax over the projected keys, "
+                 "times the values' projection); they need not be positive nor sum to 1",
+    "performer": "Performer: the weights its random features imply, φ(q)·φ(k) normalised (an estimate of eq. (1)'s)",
+}
+
 CAUTION = ("attention weights help to inspect a model; they are not a causal explanation "
            "of its decisions")
 BOS, EOS = "<s>", "</s>"
@@ -111,6 +122,7 @@ class Attention:
     encoder: AttentionMap | None
     decoder: AttentionMap | None
     cross: AttentionMap
+    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, KIND_NOTES
 
     def maps(self) -> dict[str, AttentionMap]:
         return {kind: getattr(self, kind) for kind in KINDS if getattr(self, kind) is not None}
@@ -129,6 +141,7 @@ class SelfAttention:
     generated: str
     new_tokens: int
     self_attention: AttentionMap
+    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, KIND_NOTES
 
     def maps(self) -> dict[str, AttentionMap]:
         return {self.self_attention.kind: self.self_attention}
@@ -179,7 +192,7 @@ def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: s
     encoder = AttentionMap("encoder", weights["encoder"], src_tokens, src_tokens) if "encoder" in weights else None
     decoder = AttentionMap("decoder", weights["decoder"], tgt_inputs, tgt_inputs) if "decoder" in weights else None
     return Attention(src, tgt_text, shift, encoder, decoder, AttentionMap("cross", weights["cross"], cross_rows,
-                                                                          src_tokens))
+                                                                          src_tokens), attention_kind(cfg))
 
 
 def token_label(tokenizer, i: int) -> str:
@@ -234,7 +247,13 @@ def capture_self_attention(model, tokenizer, text: str, max_new_tokens: int = 0)
     weights = torch.stack(attn[kind])[:, 0].float().cpu().numpy()
     labels = [token_label(tokenizer, i) for i in ids[0].tolist()]
     generated = tokenizer.decode(ids[0, len(prompt):].tolist())
-    return SelfAttention(text, generated, ids.size(1) - len(prompt), AttentionMap(kind, weights, labels, labels))
+    return SelfAttention(text, generated, ids.size(1) - len(prompt), AttentionMap(kind, weights, labels, labels),
+                         attention_kind(cfg))
+
+
+def attention_kind(cfg) -> str:
+    """The kind of a model's self-attention (model.attention), "full" for eq. (1)."""
+    return "full" if getattr(cfg, "attention", None) is None else cfg.attention["kind"]
 
 
 # words -----------------------------------------------------------------------------------------

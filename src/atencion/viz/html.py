@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import json
 
-from .attention import CAUTION, Attention, SelfAttention
+from .attention import CAUTION, KIND_NOTES, Attention, SelfAttention
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -101,6 +101,14 @@ setup();
 
 
 def _legends(attention: Attention | SelfAttention) -> dict[str, str]:
+    legends = _eq1_legends(attention)
+    if attention.attention_kind != "full":  # the self-attention maps of another kind: say what they show
+        for kind in ("encoder", "decoder"):
+            legends[kind] = f"{legends[kind]}; {KIND_NOTES[attention.attention_kind]}"
+    return legends
+
+
+def _eq1_legends(attention: Attention | SelfAttention) -> dict[str, str]:
     if isinstance(attention, SelfAttention):
         return {"decoder": "rows and columns: the text's tokens, then any generated ones; causal: no key after its "
                            "query; each row sums to 1",

@@ -196,8 +196,14 @@ class Linformer(AttentionKind):
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
         from .linformer import linformer_attention
 
-        return linformer_attention(q, k, v, self.projection, mask=mask, dropout_p=dropout_p, scale=scale,
-                                   need_weights=need_weights)
+        out, weights = linformer_attention(q, k, v, self.projection, mask=mask, dropout_p=dropout_p, scale=scale,
+                                           need_weights=need_weights)
+        if weights is not None:  # over the projected keys (…, proj_len): to the input positions, P · F
+            projection = self.projection
+            weights = weights @ (projection.E if projection.F is None else projection.F)[..., :k.size(2)]
+            if mask is not None:
+                weights = weights * mask  # a masked value is zeroed before F mixes it
+        return out, weights
 
 
 class Performer(AttentionKind):
@@ -306,7 +312,10 @@ class PerformerCache(KVCache):
         return getattr(self.state, "length", 0)
 
     def reorder(self, index: Tensor) -> None:
-        self.state.reorder(index)
+        state = self.state
+        if state.S is not None:
+            state.S, state.z, state.stabiliser = (t.index_select(0, index) for t in (state.S, state.z,
+                                                                                      state.stabiliser))
 
 
 def _causal(q_len: int, k_len: int, device) -> Tensor:

@@ -1,0 +1,217 @@
+"""ListOps (Nangia & Bowman 2018) as the Long Range Arena builds it (Tay et al. 2021, ListOps
+column of Table 1; google-research/long-range-arena, ``lra_benchmarks/data/listops.py``):
+nested lists of the digits 0-9 under the operators MIN, MAX, MED (the median, ``int`` of NumPy's:
+the mean of the two middle values, rounded down) and SM (the sum modulo 10); the label is the
+value of the whole expression, a digit.
+
+    python -m atencion.data.listops runs/listops/data      # train.tsv, valid.tsv, test.tsv
+
+A tree is drawn as LRA's ``generate_tree`` draws it, draw for draw: at depth < max_depth (the
+root is depth 1) a node is an operator with probability 0.25, else a digit; an operator takes
+2 to max_args arguments, drawn before the operator itself. Trees are drawn until the wanted
+number have more than ``min_length`` and fewer than ``max_length`` tokens (LRA's strict bounds),
+each distinct: no text is in two splits, or twice in one.
+
+The text is what LRA's model reads, one token per space-separated symbol:
+``[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]``. LRA's generator writes a parenthesis pair
+around every (function, argument) step, ``( ( ( [MAX 4 ) 3 ) ... ] )``, which its input
+pipeline deletes again before the whitespace tokenizer (since commit c209b2a; the bounds count
+the tokens without them), so they are left out here. Each split is drawn from a random stream
+of its own, named by the seed and the split, so the validation and test sets do not change
+with ``--train``; the files are ``label<TAB>text``, read by ``task: classify`` with
+``data.tokenizer: whitespace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AtencionError
+from ..fileio import atomic_write
+
+log = logging.getLogger(__name__)
+
+MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
+OPERATORS = (MIN, MAX, MED, SUM_MOD)  # in LRA's order: random.choice picks by position
+VALUES = range(10)
+VALUE_P = 0.25                        # below max_depth, a node is an operator with this probability
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class ListOpsRecipe:
+    """LRA's settings: trees of depth at most ``max_depth``, at most ``max_args`` arguments per
+    operator, kept when they have more than ``min_length`` and fewer than ``max_length`` tokens."""
+
+    min_length: int = 500
+    max_length: int = 2000
+    max_depth: int = 10
+    max_args: int = 10
+
+    def check(self) -> None:
+        """One AtencionError naming the setting that no tree can meet."""
+        if self.max_depth < 1:
+            raise AtencionError(f"--max-depth must be an integer >= 1, got {self.max_depth}")
+        if self.max_args < 2:
+            raise AtencionError(f"--max-args must be an integer >= 2, got {self.max_args}")
+        if self.min_length < 0:
+            raise AtencionError(f"--min-length must be an integer >= 0, got {self.min_length}")
+        if self.max_length < self.min_length + 2:
+            raise AtencionError(f"--max-length must be at least --min-length + 2 (a tree has more than min and "
+                                f"fewer than max tokens), got {self.max_length} with --min-length {self.min_length}")
+
+
+def apply(operator: str, args: list[int]) -> int:
+    """The value of ``operator`` over its arguments, as LRA's ``to_value`` computes it."""
+    if operator == MIN:
+        return min(args)
+    if operator == MAX:
+        return max(args)
+    if operator == MED:  # int(np.median(args)): the mean of the middle two of an even count, rounded down
+        ordered, middle = sorted(args), len(args) // 2
+        return ordered[middle] if len(args) % 2 else (ordered[middle - 1] + ordered[middle]) // 2
+    return sum(args) % 10
+
+
+def draw_tree(rng: random.Random, recipe: ListOpsRecipe, depth: int = 1,
+              tokens: list[str] | None = None) -> tuple[list[str], int]:
+    """One tree drawn as LRA's ``generate_tree(depth, max_depth, max_args)`` draws it from
+    ``rng``: its tokens (appended to ``tokens``) and its value."""
+    tokens = [] if tokens is None else tokens
+    if (rng.random() if depth < recipe.max_depth else 1.0) > VALUE_P:
+        value = rng.choice(VALUES)
+        tokens.append(str(value))
+        return tokens, value
+    at = len(tokens)
+    tokens.append("")  # the operator's place: LRA draws it after its arguments
+    args = [draw_tree(rng, recipe, depth + 1, tokens)[1] for _ in range(rng.randint(2, recipe.max_args))]
+    tokens[at] = operator = rng.choice(OPERATORS)
+    tokens.append(END)
+    return tokens, apply(operator, args)
+
+
+def draw_examples(n: int, rng: random.Random, recipe: ListOpsRecipe, seen: set[bytes],
+                  patience: int = 1_000_000) -> Iterator[tuple[int, str]]:
+    """``n`` examples (label, text) within the recipe's bounds, none whose text is in ``seen``
+    (each one's digest is added to it). Refused after ``patience`` trees in a row gave nothing
+    new: bounds that no tree, or no new tree, meets."""
+    kept = misses = 0
+    while kept < n:
+        tokens, value = draw_tree(rng, recipe)
+        if recipe.min_length < len(tokens) < recipe.max_length:
+            text = " ".join(tokens)
+            digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+            if digest not in seen:
+                seen.add(digest)
+                kept, misses = kept + 1, 0
+                yield value, text
+                continue
+        misses += 1
+        if misses >= patience:
+            raise AtencionError(f"--min-length {recipe.min_length} / --max-length {recipe.max_length}: no new tree "
+                                f"of more than {recipe.min_length} and fewer than {recipe.max_length} tokens in "
+                                f"{patience:,} draws (after {kept} of {n}); widen the bounds (LRA: 500 and 2000)")
+
+
+def write_listops(out: str | Path, sizes: dict[str, int] | None = None, seed: int = 0,
+                  recipe: ListOpsRecipe = ListOpsRecipe(), force: bool = False, progress: bool = True,
+                  patience: int = 1_000_000) -> dict:
+    """Write ``out``/train.tsv, valid.tsv and test.tsv (``sizes``: examples per split, LRA's
+    96,000 / 2,000 / 2,000 by default) as ``label<TAB>text`` rows, each split drawn from
+    ``random.Random("listops SPLIT SEED")``. Existing files are refused unless ``force``; each
+    file is written under a temporary name, then renamed. Returns the counts, each split's
+    labels and its majority-label share, and the seconds taken."""
+    sizes = dict(zip(SPLITS, (96_000, 2_000, 2_000))) if sizes is None else sizes
+    recipe.check()
+    for split in SPLITS:
+        if isinstance(sizes.get(split), bool) or not isinstance(sizes.get(split), int) or sizes[split] < 1:
+            raise AtencionError(f"--{split} must be an integer >= 1, got {sizes.get(split)!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AtencionError(f"{out}: is a file; expected a directory")
+    there = [str(out / f"{split}.tsv") for split in SPLITS if (out / f"{split}.tsv").exists()]
+    if there and not force:
+        raise AtencionError(f"{there[0]}: exists; nothing was overwritten (--force replaces it)")
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+
+    start, seen, report = time.perf_counter(), set(), {"out": str(out), "seed": seed, **vars(recipe)}
+    bar = tqdm(total=sum(sizes[s] for s in SPLITS), unit="tree", dynamic_ncols=True, leave=False,
+               disable=None if progress else True)
+    try:
+        for split in SPLITS:
+            bar.set_description(f"listops {split}")
+            rng = random.Random(f"listops {split} {seed}")
+            labels = _write_rows(out / f"{split}.tsv", draw_examples(sizes[split], rng, recipe, seen, patience), bar)
+            report[split] = {"examples": sizes[split], "labels": [labels[v] for v in VALUES],
+                             "majority_share": round(max(labels.values()) / sizes[split], 4)}
+            log.info("listops: wrote %s (%d examples)", out / f"{split}.tsv", sizes[split])
+    finally:
+        bar.close()
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    return report
+
+
+def _write_rows(path: Path, examples: Iterator[tuple[int, str]], bar) -> Counter[int]:
+    """``examples`` written to ``path`` as ``label<TAB>text`` rows (under a temporary name, then
+    renamed), each counted on the progress ``bar``; the count of each label."""
+    labels: Counter[int] = Counter()
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            for label, text in examples:
+                f.write(f"{label}\t{text}\n")
+                labels[label] += 1
+                bar.update()
+
+    atomic_write(path, write)
+    return labels
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, as the atencion command line has them."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m atencion.data.listops OUT_DIR [...]``: write the splits, print one JSON line."""
+    defaults = ListOpsRecipe()
+    p = _Parser(prog="python -m atencion.data.listops", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", metavar="OUT_DIR", help="where train.tsv, valid.tsv and test.tsv are written")
+    for split, n in zip(SPLITS, (96_000, 2_000, 2_000)):
+        p.add_argument(f"--{split}", type=int, default=n, help=f"{split} examples (default: {n:,})")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the three streams (default: 0)")
+    for name in ("min_length", "max_length", "max_depth", "max_args"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
+                       help=f"(default, LRA's: {getattr(defaults, name)})")
+    p.add_argument("--force", action="store_true", help="replace existing files")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    recipe = ListOpsRecipe(args.min_length, args.max_length, args.max_depth, args.max_args)
+    try:
+        report = write_listops(args.out, {s: getattr(args, s) for s in SPLITS}, args.seed, recipe, args.force)
+    except AtencionError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted; no file was left half-written", file=sys.stderr)
+        return 130
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
