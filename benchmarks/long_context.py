@@ -4,7 +4,8 @@ Tiny Shakespeare) trained once per ``model.attention.kind`` for the same wall-cl
 per kind, validation loss against time, the final validation loss, the loss by position within
 the block (does a token far into the block gain from the context before it?), and the resident
 memory of generating 10× the block token by token with the key/value cache (a sliding window's
-cache stays ``window`` keys long, full attention's grows with the text).
+cache stays ``window`` keys long and the causal Performer's running sums one size; full
+attention's cache grows with the text).
 
     python benchmarks/long_context.py --minutes 10                      # every kind, 10 minutes each
     python benchmarks/long_context.py --minutes 10 --kinds full,window --attention window.window=128
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="a config override for every run, e.g. data.block_size=128 (repeatable)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
     parser.add_argument("--buckets", default="0,64,256,512", help="first positions of the position buckets")
-    parser.add_argument("--generate-kinds", default="window,full",
+    parser.add_argument("--generate-kinds", default="window,performer,full",
                         help="kinds whose models generate --generate-tokens tokens with the cache (of those trained)")
     parser.add_argument("--generate-tokens", type=int, default=0,
                         help="tokens to generate (default: 10 × the block)")
