@@ -201,17 +201,17 @@ def _window_blocks(q_len: int, k_len: int, window: int, causal: bool, block: int
     """Query blocks of a sliding window: q_index (blocks, B) (−1: padding), k_index (blocks, L)
     (−1: before the first or after the last key) and the pattern on those pairs (blocks, B, L)."""
     w = min(window, k_len)  # a window longer than the keys sees them all
-    size = block or max(1, min(w, q_len))
+    size = block or max(1, min(-(-w // 2), q_len))  # half the window: measured fastest (16k tokens, w 256)
     n_blocks = -(-q_len // size)
     q_index = torch.arange(n_blocks * size, device=device).view(n_blocks, size)
     before, after = w - 1, (0 if causal else w - 1)
     first_key = k_len - q_len + q_index[:, 0] - before
     k_index = first_key[:, None] + torch.arange(before + size + after, device=device)
-    distance = (q_index + k_len - q_len)[:, :, None] - k_index[:, None, :]
-    allowed = (distance >= 0) & (distance < w) if causal else distance.abs() < w
-    allowed &= (q_index < q_len)[:, :, None] & ((k_index >= 0) & (k_index < k_len))[:, None, :]
-    q_index = torch.where(q_index < q_len, q_index, -1)
+    distance = torch.arange(size, device=device)[:, None] + before - torch.arange(k_index.size(1), device=device)
+    near = (distance >= 0) & (distance < w) if causal else distance.abs() < w  # the same in every block
     k_index = torch.where((k_index >= 0) & (k_index < k_len), k_index, -1)
+    allowed = near & (q_index < q_len)[:, :, None] & (k_index >= 0)[:, None, :]
+    q_index = torch.where(q_index < q_len, q_index, -1)
     return q_index, k_index, allowed
 
 
@@ -229,14 +229,14 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_index: Tensor, k_index: Tensor, a
     q_blocks = F.pad(q, (0, 0, left, n_blocks * size - q_len - left)).view(batch, heads, n_blocks, size, -1)
     gather = k_index.clamp(min=0)
     if gather.size(0) == 1:
-        k_blocks, v_blocks = k[:, :, gather[0]], v[:, :, gather[0]]
+        k_blocks, v_blocks = (x.index_select(2, gather.flatten()).unflatten(2, gather.shape[1:]) for x in (k, v))
     else:  # per-head key blocks (BigBird's random blocks)
         head = torch.arange(heads, device=q.device)[:, None, None]
         k_blocks, v_blocks = k[:, head, gather], v[:, head, gather]
     if mask is not None:  # key padding, gathered like the keys: (batch, 1 or heads, blocks, 1, L)
         allowed = allowed & mask[:, 0, 0][:, gather].unsqueeze(-2)
     bias_blocks = None if bias is None else _bias_blocks(bias, q_index.clamp(min=0), gather, heads)
-    out, weights = _softmax_attend(q_blocks, k_blocks, v_blocks, allowed, bias_blocks, dropout_p, scale)
+    out, weights = _softmax_attend(q_blocks, k_blocks, v_blocks, allowed, bias_blocks, dropout_p, scale, need_weights)
     out = out.flatten(2, 3)[:, :, left:left + q_len]
     dense = _dense_weights(weights, q_index, k_index, q_len, k_len) if need_weights else None
     if global_rows is not None and global_rows.numel():
@@ -248,7 +248,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_index: Tensor, k_index: Tensor, a
         if mask is not None:
             rows_allowed = rows_allowed & mask
         rows_bias = None if bias is None else bias(global_rows, keys)
-        rows_out, rows_weights = _softmax_attend(q_rows, k, v, rows_allowed, rows_bias, dropout_p, scale)
+        rows_out, rows_weights = _softmax_attend(q_rows, k, v, rows_allowed, rows_bias, dropout_p, scale, need_weights)
         out = out.index_copy(2, global_rows, rows_out)
         if dense is not None:
             dense[:, :, global_rows] = rows_weights.detach().expand(batch, heads, -1, -1)
@@ -256,16 +256,19 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_index: Tensor, k_index: Tensor, a
 
 
 def _softmax_attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, bias: Tensor | None, dropout_p: float,
-                    scale: float) -> tuple[Tensor, Tensor]:
-    """Eq. (1) on gathered keys: softmax(scale · Q Kᵀ + B) V where ``allowed``, zero weights elsewhere
-    (a row with no allowed key: zero weights and output)."""
+                    scale: float, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """Eq. (1) on gathered keys: softmax(scale · Q Kᵀ + B) V where ``allowed``, zero weights elsewhere;
+    a row with no allowed key gets zero weights and a zero output (and no gradient)."""
+    visible = allowed.any(dim=-1, keepdim=True)
+    allowed = allowed | ~visible  # such a row sees every key, then is zeroed: softmax makes no NaN
+    # One additive term, B where allowed and −inf elsewhere, added in place: the product's backward
+    # does not need the scores, and an addition's backward copies nothing.
+    added = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype)
     scores = (q * scale) @ k.transpose(-2, -1)
-    if bias is not None:
-        scores = scores + bias
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
+    scores += added.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
     attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return attended @ v, weights
+    return (attended @ v) * visible, (weights * visible if need_weights else None)
 
 
 def _bias_blocks(bias: BiasFn, q_index: Tensor, k_index: Tensor, heads: int) -> Tensor:
