@@ -255,7 +255,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_index: Tensor, k_index: Tensor, a
         rows_out, rows_weights = _softmax_attend(q_rows, k, v, rows_allowed, rows_bias, dropout_p, scale, need_weights)
         out = out.index_copy(2, global_rows, rows_out)
         if dense is not None:
-            dense[:, :, global_rows] = rows_weights.detach().expand(batch, heads, -1, -1)
+            dense[:, :, global_rows] = rows_weights.expand(batch, heads, -1, -1)
     return out, dense
 
 
@@ -283,7 +283,7 @@ def _bias_blocks(bias: BiasFn, q_index: Tensor, k_index: Tensor, heads: int) -> 
             blocks.append(bias(q_index[block], k_index[0, block]))
         else:  # one call over every head's keys, then each head's own columns
             both = bias(q_index[block], k_index[:, block].flatten())
-            both = both.view(heads, q_index.size(1), heads, k_index.size(-1))
+            both = both.unflatten(-1, (heads, k_index.size(-1)))
             blocks.append(both.diagonal(dim1=0, dim2=2).permute(2, 0, 1))
     return torch.stack(blocks, dim=1)
 
@@ -295,7 +295,7 @@ def _dense_weights(weights: Tensor, q_index: Tensor, k_index: Tensor, q_len: int
     cols = torch.where(k_index >= 0, k_index, k_len)[:, :, None, :]  # ... and a spare column
     head = torch.arange(heads, device=weights.device)[:, None, None, None]
     dense = weights.new_zeros(heads, q_len + 1, k_len + 1, batch)
-    dense.index_put_((head, rows, cols), weights.detach().permute(1, 2, 3, 4, 0), accumulate=True)
+    dense = dense.index_put((head, rows, cols), weights.permute(1, 2, 3, 4, 0), accumulate=True)
     return dense[:, :q_len, :k_len].permute(3, 0, 1, 2).contiguous()
 
 
