@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import AtencionError
 from ..nn.attention import MultiHeadAttention
+from ..nn.kinds import Window
 
 log = logging.getLogger(__name__)
 
@@ -75,41 +75,20 @@ def restricted_attention_path_length(n: int, r: int) -> int:
 class RestrictedSelfAttention(MultiHeadAttention):
     """§4, Table 1 row 4: self-attention restricted to a neighbourhood of size r around each output.
 
-    Each position i attends to the keys j with |i − j| ≤ r/2. It is computed blockwise, so its
-    cost is O(r·n·d), not the O(n²·d) of a banded mask on the full matrix: the sequence is cut
-    into blocks of w = r/2 queries, and each block attends only to the 3w keys of itself and its
-    two neighbouring blocks, where a band mask keeps the exact neighbourhood.
+    Each position i attends to the keys j with |i − j| ≤ r/2: the ``window`` kind of
+    ``model.attention`` (nn/kinds/sparse.py) with w = r/2 + 1, computed in blocks of queries that
+    gather only the keys they can see, so its cost is O(r·n·d), not the O(n²·d) of a banded mask on
+    the full matrix.
     """
 
     def __init__(self, d_model: int, n_heads: int, r: int):
-        super().__init__(d_model, n_heads)
         if r < 2 or r % 2:
             raise AtencionError(f"the neighbourhood r must be an even number ≥ 2, got {r}")
+        super().__init__(d_model, n_heads, kind=Window({"window": r // 2 + 1}, causal=False))
         self.r = r
 
     def forward(self, x: Tensor) -> Tensor:
-        b, n, _ = x.shape
-        w = self.r // 2
-        n_blocks = -(-n // w)
-        padded = n_blocks * w
-        x = F.pad(x, (0, 0, 0, padded - n))
-        q, k, v = self._heads(self.in_proj(x), 3).unbind(0)  # (b, h, padded, d_k)
-        q = q.reshape(b, self.h, n_blocks, w, self.d_k)
-        # keys and values of blocks (i−1, i, i+1) for every block i: (b, h, n_blocks, 3w, d_k)
-        k, v = (F.pad(t, (0, 0, w, w)).unfold(2, 3 * w, w).transpose(-1, -2) for t in (k, v))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_k)  # (b, h, n_blocks, w, 3w)
-        scores = scores.masked_fill(~self._band(n, n_blocks, w, x.device), float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v  # (b, h, n_blocks, w, d_k)
-        out = out.reshape(b, self.h, padded, self.d_k).transpose(1, 2).reshape(b, padded, self.d_model)
-        return self.out_proj(out[:, :n])
-
-    @staticmethod
-    def _band(n: int, n_blocks: int, w: int, device) -> Tensor:
-        """(n_blocks, w, 3w): True where key j of the window is a real position with |i − j| ≤ w."""
-        query = torch.arange(n_blocks, device=device).view(-1, 1, 1) * w + torch.arange(w, device=device).view(1, -1, 1)
-        key = (torch.arange(n_blocks, device=device).view(-1, 1, 1) * w - w
-               + torch.arange(3 * w, device=device).view(1, 1, -1))
-        return ((query - key).abs() <= w) & (key >= 0) & (key < n)
+        return super().forward(x)[0]
 
 
 # --------------------------------------------------------------------------- one layer of each kind

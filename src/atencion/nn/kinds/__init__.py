@@ -17,7 +17,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..attention import scaled_dot_product_attention, stack_beams, unstack_beams
 from ..cache import BeamKVCache, KVCache
+from .flash import flash_attention
+from .linformer import LinformerProjection, linformer_attention
+from .performer import PerformerFeatures, PerformerState, performer_attention, performer_step
+from .sparse import bigbird_attention, bigbird_pattern, longformer_attention, window_attention
 
 
 class AttentionKind(nn.Module):
@@ -47,24 +52,18 @@ class AttentionKind(nn.Module):
         over the cached keys (the queries are the last positions); a beam's rows, whose keys are
         interleaved by slot, run eq. (1) under the beam's mask and the kind's pattern."""
         k, v = cache.append(k, v)
-        if cache_group(cache) == 1 and (mask is None or mask.size(-2) == q.size(2)):
+        if not isinstance(cache, BeamKVCache):  # the state's mask, if any, is the causal one the kind applies
             return self.forward(q, k, v, None, positions, 0.0, scale, False)[0]
         return self.explicit(q, k, v, mask, positions, scale)
 
     def explicit(self, q, k, v, mask, positions, scale) -> Tensor:
         """Eq. (1) under ``mask`` and the kind's pattern: exact for the exact and sparse kinds."""
-        from ..attention import scaled_dot_product_attention, stack_beams, unstack_beams
-
         pattern = self.pattern(positions.q_pos, positions.k_pos)  # in the stacked layout already
         if pattern is not None:
             mask = pattern[None] if mask is None else mask & pattern[None]
         group = q.size(0) // k.size(0)
         out, _ = scaled_dot_product_attention(stack_beams(q, group), k, v, mask, 0.0, False, positions.bias, scale)
         return unstack_beams(out, group)
-
-
-def cache_group(cache: KVCache) -> int:
-    return getattr(cache, "group", 1)
 
 
 # the kinds ---------------------------------------------------------------------------------------
@@ -76,15 +75,11 @@ class Flash(AttentionKind):
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
         if need_weights:  # the same function, with the matrix it never builds otherwise
-            from ..attention import scaled_dot_product_attention
-
             if self.causal:
                 mask = _causal(q.size(2), k.size(2), q.device) if mask is None else mask & _causal(
                     q.size(2), k.size(2), q.device)
             bias = None if positions is None else positions.bias
             return scaled_dot_product_attention(q, k, v, mask, dropout_p, True, bias, scale)
-        from .flash import flash_attention
-
         bias, params = _bias(positions, k.size(2))
         out = flash_attention(q, k, v, mask=mask, causal=self.causal, bias=bias, bias_params=params,
                               dropout_p=dropout_p, scale=scale, q_tile=self.settings["q_tile"],
@@ -100,8 +95,6 @@ class Window(AttentionKind):
     name = "window"
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
-        from .sparse import window_attention
-
         bias, _ = _bias(positions, k.size(2))
         return window_attention(q, k, v, self.settings["window"], causal=self.causal, mask=mask, bias=bias,
                                 dropout_p=dropout_p, scale=scale, need_weights=need_weights)
@@ -123,8 +116,6 @@ class Longformer(Window):
     name = "longformer"
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
-        from .sparse import longformer_attention
-
         bias, _ = _bias(positions, k.size(2))
         return longformer_attention(q, k, v, self.settings["window"], self._globals(k.size(2), q.device),
                                     causal=self.causal, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale,
@@ -165,15 +156,11 @@ class BigBird(AttentionKind):
         return s["block_size"], s["random_blocks"], s["global_blocks"], self.seed
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
-        from .sparse import bigbird_attention
-
         bias, _ = _bias(positions, k.size(2))
         return bigbird_attention(q, k, v, *self._args(), causal=self.causal, mask=mask, bias=bias,
                                  dropout_p=dropout_p, scale=scale, need_weights=need_weights)
 
     def pattern(self, q_pos, k_pos):
-        from .sparse import bigbird_pattern
-
         length = int(max(q_pos.max(), k_pos.max())) + 1
         full = bigbird_pattern(length, length, *self._args(), self.heads, self.causal, device=q_pos.device)
         return full[:, q_pos][:, :, k_pos]
@@ -188,14 +175,10 @@ class Linformer(AttentionKind):
 
     def __init__(self, settings, causal, heads: int, max_len: int, shared: nn.Module | None = None):
         super().__init__(settings, causal)
-        from .linformer import LinformerProjection
-
         self.projection = shared if shared is not None else LinformerProjection(
             heads, max_len, settings["proj_len"], settings["sharing"])
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
-        from .linformer import linformer_attention
-
         out, weights = linformer_attention(q, k, v, self.projection, mask=mask, dropout_p=dropout_p, scale=scale,
                                            need_weights=need_weights)
         if weights is not None:  # over the projected keys (…, proj_len): to the input positions, P · F
@@ -215,29 +198,20 @@ class Performer(AttentionKind):
 
     def __init__(self, settings, causal, d_k: int, layer: int):
         super().__init__(settings, causal)
-        from .performer import PerformerFeatures
-
         self.features = PerformerFeatures(d_k, settings["features"], settings["redraw"],
                                           settings["seed"] * 1_000_003 + layer)
 
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
-        from .performer import performer_attention
-
         return performer_attention(q, k, v, self.features, causal=self.causal, mask=mask, scale=scale,
                                    need_weights=need_weights)
 
     def new_cache(self, group):
-        from .performer import PerformerState
-
         return PerformerCache(PerformerState()) if group == 1 else BeamKVCache(group)
 
     def decode(self, q, k, v, mask, cache, positions, scale):
         if isinstance(cache, PerformerCache):
-            from .performer import performer_step
-
             return performer_step(q, k, v, self.features, cache.state, scale=scale)
         k, v = cache.append(k, v)  # a beam: the implied weights under the beam's mask
-        from ..attention import stack_beams, unstack_beams
 
         group = q.size(0) // k.size(0)
         out = _masked_performer(stack_beams(q, group), k, v, mask, self.features, scale)
@@ -273,8 +247,6 @@ def shared_module(cfg) -> nn.Module | None:
     settings = cfg.attention
     if settings is None or settings["kind"] != "linformer" or settings["sharing"] != "layerwise":
         return None
-    from .linformer import LinformerProjection
-
     return LinformerProjection(cfg.n_heads, cfg.max_positions, settings["proj_len"], "layerwise")
 
 
@@ -334,8 +306,6 @@ def _bias(positions, k_len: int):
 
 def _masked_performer(q, k, v, mask, features, scale):
     """The Performer's implied weights φ(q)·φ(k) under a boolean mask, normalised: a beam's rows."""
-    from .performer import performer_attention
-
     _, weights = performer_attention(q, k, v, features, causal=False, mask=None, scale=scale, need_weights=True)
     if mask is not None:
         weights = weights * mask
