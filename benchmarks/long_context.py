@@ -34,6 +34,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def measure_generation(run: Path, tokens: int, every: int, seed: int) -> dict:
 
     model, tokenizer = load_model_dir(run / "best")
     generator = torch.Generator().manual_seed(seed)
-    points, text = [], []
+    points, text = [], deque(maxlen=200)  # the sample's end: nothing that grows with the text
     with evaluating(model):
         state = model.init_state()
         logits = model.decode_step(torch.tensor([prompt_ids(tokenizer, "")]), state)[:, -1]
@@ -192,7 +193,7 @@ def measure_generation(run: Path, tokens: int, every: int, seed: int) -> dict:
                                "cache_mib": round(cache_mib(state), 2),
                                "tok_s": round((step - points[-1]["tokens"]) / (now - began), 1)})
                 began = now
-    return {"points": points, "sample_end": tokenizer.decode(text[-200:])}
+    return {"points": points, "sample_end": tokenizer.decode(list(text))}
 
 
 # the report ------------------------------------------------------------------------------------

@@ -28,6 +28,16 @@ def _relative_terms(relative: nn.Module | None, q_pos: Tensor, k_pos: Tensor, ca
     return RelativeTerms(relative=relative, q_pos=q_pos, k_pos=k_pos, causal=causal)
 
 
+def _first_key(state: DecoderState | None) -> int:
+    """The position of the first key self-attention sees at this step: 0, or, for one row per
+    sentence, the oldest key its cache holds (a sliding window's keeps its last ``window`` only, a
+    Performer's none), so that a step's positions cost what its keys cost, not the whole text."""
+    if state is None or state.group > 1 or not state.self_caches:
+        return 0
+    held = state.self_caches[0].k
+    return state.offset - (0 if held is None else held.size(2))
+
+
 class Encoder(nn.Module):
     """§3.1: a stack of N identical layers over embeddings + positions (with dropout, §5.4).
     BERT adds token-type embeddings and a LayerNorm on the sum (``type_vocab_size``,
@@ -109,8 +119,8 @@ class Decoder(nn.Module):
         positions = None
         if self.relative is not None or not self.full:
             new = torch.arange(offset, offset + length, device=tgt_ids.device)
-            keys = torch.arange(offset + length, device=tgt_ids.device)
             group = state.group if state is not None else 1
+            keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
             # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
             positions = _relative_terms(self.relative, new.repeat(group), keys.repeat_interleave(group), True, new)
         self_attn, cross_attn = [], []
