@@ -224,14 +224,15 @@ def figure(report: dict, path: Path) -> None:
     panels = 3 if report["generation"] else 2
     fig = Figure(figsize=(5.2 * panels, 4.2))
     curve, positions = fig.add_subplot(1, panels, 1), fig.add_subplot(1, panels, 2)
+    colours = {kind: f"C{i}" for i, kind in enumerate(report["runs"])}  # one colour per kind in every panel
     for kind, r in report["runs"].items():
-        line, = curve.plot([c[0] for c in r["valid_curve"]], [c[2] for c in r["valid_curve"]], marker="o",
-                           markersize=3, label=f"{kind} ({r['updates']} updates)")
+        curve.plot([c[0] for c in r["valid_curve"]], [c[2] for c in r["valid_curve"]], marker="o", markersize=3,
+                   color=colours[kind], label=f"{kind} ({r['updates']} updates)")
         losses = r["positions"]["per_position"]  # position p is predicted from p + 1 characters
         edges = sorted({round(2 ** (k / 4)) for k in range(4 * int(math.log2(len(losses))) + 1)} | {len(losses) + 1})
         bins = [(a, b) for a, b in zip(edges, edges[1:])]  # context lengths [a, b): a quarter-octave each
         positions.plot([math.sqrt(a * (b - 1)) for a, b in bins], [sum(losses[a - 1:b - 1]) / (b - a) for a, b in bins],
-                       color=line.get_color(), marker=".", label=kind)
+                       color=colours[kind], marker=".", label=kind)
     curve.set_xlabel("minutes of training (the same budget for each kind)")
     curve.set_ylabel("validation loss (nats/char)")
     curve.set_title("Validation loss against time", fontsize=10)
@@ -246,7 +247,7 @@ def figure(report: dict, path: Path) -> None:
         memory = fig.add_subplot(1, panels, 3)
         for kind, g in report["generation"].items():
             memory.plot([p["tokens"] for p in g["points"]], [p["rss_mib"] for p in g["points"]], marker="o",
-                        markersize=3, label=kind)
+                        markersize=3, color=colours[kind], label=kind)
         memory.axvline(report["block_size"], color="grey", linestyle=":", linewidth=1)
         memory.set_xlabel("tokens generated (dotted: the training block)")
         memory.set_ylabel("resident memory (MiB)")
