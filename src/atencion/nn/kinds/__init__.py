@@ -86,6 +86,13 @@ class Flash(AttentionKind):
                               k_tile=self.settings["k_tile"])
         return out, None
 
+    def decode(self, q, k, v, mask, cache, positions, scale):
+        """A decoding step is a few queries over the cached keys: eq. (1) by torch's fused kernel,
+        the same function without a Python loop over tiles (which made generation several times
+        slower)."""
+        k, v = cache.append(k, v)
+        return self.explicit(q, k, v, mask, positions, scale)
+
 
 class Window(AttentionKind):
     """A sliding window of ``window`` keys (sparse.py): in a decoder query i sees i − w < j ≤ i
