@@ -6,6 +6,7 @@ and test_performer.py."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -265,3 +266,20 @@ def test_the_attention_page_says_what_a_kinds_maps_show():
     page = attention_html(SelfAttention("a b", "", 0, amap, "linformer"))
     assert "need not be positive nor sum to 1" in page and KIND_NOTES["linformer"].split(":")[0] in page
     assert "Linformer" not in attention_html(SelfAttention("a b", "", 0, amap))
+
+
+@pytest.mark.parametrize("attention,message", [
+    ({"kind": "performer", "features": 0}, "attention.features must be an integer >= 1, got 0"),
+    ({"kind": "linformer", "proj_len": 0}, "attention.proj_len must be an integer >= 1, got 0"),
+    ({"kind": "linformer", "proj_len": 2000}, "attention.proj_len (2000) must be at most max_positions (1024)"),
+    ({"kind": "longformer", "global_tokens": [3, 5000]}, "attention.global_tokens: position 5000 is beyond"),
+    ({"kind": "bigbird", "random_blocks": -1}, "attention.random_blocks must be an integer >= 0, got -1"),
+    ({"kind": "flash", "q_tile": 0}, "attention.q_tile must be an integer >= 1, got 0"),
+    ({"kind": "sliding"}, "attention.kind must be one of ['full', 'flash', 'window'"),
+    ({"kind": "performer"}, "computes no score matrix to add positional 'alibi'"),
+    ("window", "attention must be a mapping such as {kind: flash}"),
+])
+def test_each_bad_attention_setting_is_refused_naming_its_key(attention, message):
+    positional = "alibi" if attention == {"kind": "performer"} else "sinusoidal"
+    with pytest.raises(AtencionError, match=re.escape(message)):
+        ModelConfig(vocab_size=20, arch="encoder", positional=positional, attention=attention)
