@@ -154,15 +154,13 @@ def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, on
 
     while n < end:
         if verifier.limit is not None and n > verifier.limit:  # past the target's positions: the target alone
-            probs = distribution(target(text[:, n - verifier.limit: n])[0, -1])
-            accepted, new = 0, [choose(probs)]
+            new = [choose(distribution(target(text[:, n - verifier.limit: n])[0, -1]))]
         else:
-            # the round's draft length: the last token of the budget is the target's, and the
-            # target reads positions up to n + k − 1, the draft up to n + k − 2
-            room = [k, end - n - 1] + [x - n for x in (verifier.limit,) if x is not None]
+            kk = min(k, end - n - 1)  # this round's draft tokens: the budget's last token is the target's
+            if verifier.limit is not None:
+                kk = min(kk, verifier.limit - n)  # the target reads positions up to n + kk − 1
             if proposer.limit is not None:
-                room.append(proposer.limit)
-            kk = min(room)
+                kk = min(kk, proposer.limit)  # the draft, rereading, keeps at least one token of the text
             drafts, q = _propose(proposer, text, n, kk, distribution, choose)
             p = distribution(verifier.read(text, n + kk)[-(kk + 1):])  # (kk + 1, vocab)
             accepted, new = _verify(drafts, q, p, greedy, choose, generator)
