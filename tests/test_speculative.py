@@ -172,15 +172,19 @@ def run(argv, capsys):
 
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory):
-    """A character GPT (the target), a smaller one with the same tokenizer (the draft) and one whose
-    tokenizer lacks a character (another vocabulary)."""
+    """A character GPT (the target), a smaller one with the same tokenizer (the draft), and two with
+    other vocabularies: more characters ("larger"), and as many but one other ("renamed")."""
     root = tmp_path_factory.mktemp("speculative")
     lines = ["the cat sat on the mat\n", "a dog ate the bone\n"]
-    same, other = Tokenizer.train_text(lines, "char"), Tokenizer.train_text([*lines, "xyz\n"], "char")
-    for name, tokenizer, layers in (("target", same, 2), ("draft", same, 1), ("other", other, 1)):
+    tokenizers = {"target": Tokenizer.train_text(lines, "char"),
+                  "larger": Tokenizer.train_text([*lines, "xyz\n"], "char"),
+                  "renamed": Tokenizer.train_text([line.replace("b", "x") for line in lines], "char")}
+    tokenizers["draft"] = tokenizers["target"]
+    for name, tokenizer in tokenizers.items():
+        layers = 2 if name == "target" else 1
         save_checkpoint(root / name, decoder(layers, vocab_size=tokenizer.vocab_size, n_layers=layers,
                                              positional="learned", max_positions=32), tokenizer)
-    return {name: str(root / name) for name in ("target", "draft", "other")}
+    return {name: str(root / name) for name in tokenizers}
 
 
 def test_generate_with_a_draft_prints_the_targets_greedy_text_and_logs_its_acceptance(directories, capsys, caplog):
@@ -192,14 +196,18 @@ def test_generate_with_a_draft_prints_the_targets_greedy_text_and_logs_its_accep
         status, drafted, _ = run(argv + ["--draft", directories["draft"], "--draft-tokens", "3"], capsys)
     assert status == 0 and drafted == alone
     assert any("tokens/s" in r.message and "draft tokens accepted" in r.message for r in caplog.records)
+    status, samples, _ = run(argv + ["--draft", directories["draft"], "--num-samples", "2"], capsys)
+    assert status == 0 and samples == "".join(f"--- sample {k} ---\n{alone}" for k in (1, 2))
 
 
-def test_a_draft_with_another_vocabulary_is_refused_in_one_line_naming_both(directories, capsys):
+@pytest.mark.parametrize("other, detail", [("larger", "pieces against char"),
+                                           ("renamed", "token 7 is 'c' against 'b'")])
+def test_a_draft_with_another_vocabulary_is_refused_in_one_line_naming_both(directories, capsys, other, detail):
     status, out, err = run(["generate", "--model", directories["target"], "--prompt", "the",
-                            "--draft", directories["other"]], capsys)
+                            "--draft", directories[other]], capsys)
     assert status == 2 and out == ""
-    assert err.count("\n") == 1 and directories["other"] in err and directories["target"] in err
-    assert "another vocabulary" in err
+    assert err.count("\n") == 1 and directories[other] in err and directories["target"] in err
+    assert "another vocabulary" in err and detail in err
     status, _, err = run(["generate", "--model", directories["target"], "--draft", directories["draft"],
                           "--draft-tokens", "0"], capsys)
     assert status == 2 and "argument --draft-tokens" in err
