@@ -177,6 +177,12 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
     p.add_argument("--num-samples", type=_number(int, 1, highest=1000), default=1,
                    help="samples per prompt, drawn together as one batch (default: 1)")
+    p.add_argument("--draft", metavar="DIR",
+                   help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
+                        "that --model verifies, several per pass; the text comes from --model's own distribution "
+                        "(greedy: the same text), faster when the draft often agrees (default: off)")
+    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64), default=4,
+                   help="tokens the draft proposes per round (default: 4)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
 
 
@@ -187,11 +193,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
     --input each line of the file is a prompt, sampled with the same --seed. When --input or
     --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
     '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
-    model's learned positions) before anything is generated."""
+    model's learned positions) before anything is generated. With --draft, speculative decoding
+    (Leviathan et al. 2023): --verbose logs its acceptance rate and tokens/s on stderr."""
     from .tasks.lm import generate_to
 
     generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
-                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"))
+                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), draft=args.draft,
+                draft_tokens=args.draft_tokens)
 
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:

@@ -263,6 +263,8 @@ class RollingKVCache(KVCache):
     """A sliding window's self-attention cache: the last ``window`` keys and values and no more,
     so decoding takes the same memory at step 100 and at step 100,000."""
 
+    rewinds = False  # the keys before the last ``window − 1`` are gone
+
     def __init__(self, window: int):
         super().__init__()
         self.window, self.seen = window, 0
@@ -282,6 +284,8 @@ class RollingKVCache(KVCache):
 
 class PerformerCache(KVCache):
     """The causal Performer's decoding state (running sums) behind the cache interface."""
+
+    rewinds = False  # a sum does not say what was added last
 
     def __init__(self, state):
         super().__init__()
