@@ -187,6 +187,7 @@ def llama_config(cfg: ModelConfig, family: str = "llama"):
 
 
 def _linear(ours: str, theirs: tuple[str, ...] | str, bias: bool, sizes: tuple[int, ...] | None = None) -> list[Pair]:
+    """The Pairs of a linear layer, its bias only when it has one (``bias``)."""
     names = (theirs,) if isinstance(theirs, str) else theirs
     params = ("weight", "bias") if bias else ("weight",)
     return [Pair(f"{ours}.{p}", tuple(f"{t}.{p}" for t in names) if len(names) > 1 else f"{names[0]}.{p}",
