@@ -273,3 +273,21 @@ def test_the_llama_presets_have_hugging_faces_parameter_counts(name, hf_class, m
         assert round(ours / 1e6, 1) == millions
     assert (cfg.arch, cfg.norm, cfg.positional, cfg.activation, cfg.bias) == ("decoder", "rmsnorm", "rope",
                                                                               "swiglu", False)
+
+
+def test_a_language_model_trains_from_llama_tiny_with_keys_set_on_the_command_line_and_generates(tmp_path):
+    from atencion.nn.model_dir import load_model_dir
+    from atencion.tasks.lm import generate_text
+    from atencion.train.trainer import train
+    from test_tasks import config, lm_sets, sentences
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(s + "\n" for s in sentences(200)), encoding="utf-8")
+    sets = [*lm_sets(text), "model.preset=llama-tiny", "model.n_kv_heads=1", "model.rope_scaling.type=linear",
+            "model.rope_scaling.factor=2", "train.max_steps=4", "train.valid_every=4"]
+    summary = train(config(tmp_path, "lm", *sets), tmp_path / "run")
+    model, tokenizer = load_model_dir(summary["best_model"])
+    cfg = model.cfg
+    assert (cfg.activation, cfg.norm, cfg.kv_heads, cfg.rope_scaling) == ("swiglu", "rmsnorm", 1,
+                                                                          {"type": "linear", "factor": 2.0})
+    assert len(generate_text(model, tokenizer, "the", 12, temperature=0.0)[0]) > 0

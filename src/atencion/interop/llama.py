@@ -24,7 +24,8 @@ and each member has its own:
   (``use_sliding_window`` with ``max_window_layers`` 0), refused when only some do.
 
 Dropout is a training setting that Llama's config has no place for: a model exported with one
-computes the same logits in eval mode.
+computes the same logits in eval mode. atencion has one EOS id: of a list (Llama 3's), the first;
+without a padding id (Llama has none), EOS pads.
 """
 
 from __future__ import annotations
