@@ -5,8 +5,9 @@ writes a directory that works on its own; each is tested to compute what atencio
 
 Every format takes the paper's translator only for now: it refuses relative positions (rope,
 alibi, t5), the single-stack archs, RMSNorm, unscaled attention, T5's scaled output and
-mixture-of-experts layers (``moe``) and the attention kinds other than eq. (1) (``attention``:
-flash, exact, is eq. (1) once exported).
+mixture-of-experts layers (``moe``), the attention kinds other than eq. (1) (``attention``:
+flash, exact, is eq. (1) once exported) and today's decoder blocks (grouped-query attention,
+q/k/v biases alone, gated feed-forward networks).
 
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
   else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
@@ -25,6 +26,7 @@ import os
 from pathlib import Path
 
 from ..errors import AtencionError
+from ..interop.common import require_paper_blocks
 from ..nn.positional import kinds, position_kind
 
 FORMATS = ("ctranslate2", "hf", "onnx")
@@ -73,6 +75,7 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
         if getattr(cfg, key) not in allowed:
             raise AtencionError(f"export to {fmt}: {key}={getattr(cfg, key)!r} cannot be exported yet; the "
                                 f"exporters take the paper's translator ({key} {' or '.join(map(repr, allowed))})")
+    require_paper_blocks(cfg, f"export to {fmt}", "the exporters, which take the paper's translator")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AtencionError(f"--out {out} exists and is not an empty directory; choose a new or empty "

@@ -45,7 +45,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
+from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks, weight_and_bias
 
 # BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
@@ -102,6 +102,7 @@ def check_bert(cfg: ModelConfig) -> None:
               ("embedding_norm", True), ("scale_embedding", False), ("scale_attention", True), ("bias", True),
               ("num_labels", 0)]
     require(cfg, wanted, "BERT export", "BertForMaskedLM")
+    require_paper_blocks(cfg, "BERT export", "BertForMaskedLM")
     if cfg.activation not in HIDDEN_ACT:
         raise AtencionError(f"BERT export: activation={cfg.activation!r}; BERT's hidden_act covers "
                             f"{sorted(HIDDEN_ACT)}")

@@ -20,7 +20,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, weight_and_bias
+from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks, weight_and_bias
 
 # GPT-2's activation names → atencion's; "gelu_new" (GPT-2's) and "gelu_pytorch_tanh" are both
 # the tanh approximation, equal to within float rounding
@@ -119,6 +119,7 @@ def check_gpt2_compatible(cfg: ModelConfig) -> None:
               ("scale_embedding", False), ("embedding_norm", False), ("output_bias", False),
               ("scale_output", False), ("num_labels", 0)]
     require(cfg, wanted, "to_gpt2", "GPT2LMHeadModel")
+    require_paper_blocks(cfg, "to_gpt2", "GPT2LMHeadModel")
     if cfg.activation not in _EXPORT_ACTIVATIONS:
         raise AtencionError(f"to_gpt2: activation={cfg.activation!r} cannot be expressed by GPT2LMHeadModel")
 
