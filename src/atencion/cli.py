@@ -385,16 +385,19 @@ def cmd_figures(args: argparse.Namespace) -> None:
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
+    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx", "gguf"], help="what to write")
     p.add_argument("--out", required=True, help="output directory, new or empty")
+    p.add_argument("--dtype", choices=["float32", "float16", "q8_0"], default=None,
+                   help="gguf only: the weights' type (default float32; norms and biases stay float32)")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     """Export a model directory for another runtime: ctranslate2 (CTranslate2 model), hf (Hugging
-    Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
+    Face MarianMTModel), onnx (encoder + one decoder step) or gguf (llama.cpp, decoder-only
+    models). --out must be new or empty."""
     from .export import export_model_dir
 
-    files = export_model_dir(args.model, args.out, args.format)
+    files = export_model_dir(args.model, args.out, args.format, args.dtype)
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
 
 
@@ -487,7 +490,7 @@ COMMANDS = [
      add_attention_arguments, cmd_attention),
     ("aer", "alignment error rate of cross-attention against gold alignments", add_aer_arguments, cmd_aer),
     ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
-    ("export", "export a model to ctranslate2, hf (Marian) or onnx", add_export_arguments, cmd_export),
+    ("export", "export a model to ctranslate2, hf (Marian), onnx or gguf", add_export_arguments, cmd_export),
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
