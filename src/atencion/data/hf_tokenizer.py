@@ -92,11 +92,12 @@ def read_specials(directory: Path, token_to_id) -> SpecialIds:
             return token_to_id(token)
         return ids[role][0] if role in ids else None
 
-    bos, eos = find("bos"), find("eos")
+    bos, eos, pad = find("bos"), find("eos"), find("pad")
     bos = find("cls") if bos is None else bos
     eos = find("sep") if eos is None else eos
     stop = ids.get("eos") or ((eos,) if eos is not None else ())
-    return SpecialIds(pad=find("pad"), unk=find("unk"), bos=bos, eos=eos, mask=find("mask"), stop=stop)
+    pad = eos if pad is None else pad  # GPT-2 has none: pad with </s>, as interop's configs do
+    return SpecialIds(pad=pad, unk=find("unk"), bos=bos, eos=eos, mask=find("mask"), stop=stop)
 
 
 def read_chat_template(directory: Path) -> str | None:
@@ -160,6 +161,10 @@ class ForeignVocab:
     def id_to_piece(self, i: int) -> str:
         raise NotImplementedError
 
+    def special_ids(self) -> set[int]:
+        s = self.specials
+        return {i for i in (s.pad, s.unk, s.bos, s.eos, s.mask, *s.stop) if i is not None}
+
 
 class TokenizersVocab(ForeignVocab):
     """A ``tokenizer.json`` run by the `tokenizers` library."""
@@ -179,6 +184,10 @@ class TokenizersVocab(ForeignVocab):
 
     def get_piece_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def special_ids(self) -> set[int]:
+        added = self.backend.get_added_tokens_decoder()
+        return super().special_ids() | {i for i, token in added.items() if token.special}
 
     def encode(self, text: str, out_type=int) -> list:
         """The pieces of ``text`` without special tokens."""
@@ -263,8 +272,8 @@ class MarianVocab(ForeignVocab):
 def read_foreign(directory: Path) -> tuple[ForeignVocab, ForeignVocab] | None:
     """The (source, target) vocabularies of a Hugging Face tokenizer in ``directory`` (the same
     object twice when there is one), or None when the directory holds atencion's own
-    tokenizer. A Marian directory is told by its source.spm."""
-    if (directory / MARIAN_FILES[0]).is_file():
+    tokenizer. A Marian directory is told by its SentencePiece models or vocab.json."""
+    if any((directory / name).is_file() for name in MARIAN_FILES):
         for name in MARIAN_FILES:
             if not (directory / name).is_file():
                 raise MissingFileError(f"{directory / name}: not found (a Marian tokenizer needs "

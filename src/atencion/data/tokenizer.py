@@ -217,7 +217,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"."""
+        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"; or, for a Hugging
+        Face tokenizer, "huggingface" (tokenizer.json) or "marian" (SentencePiece and vocab.json)."""
         return getattr(self.src, "kind", "sentencepiece")
 
     @property
@@ -235,6 +236,13 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.src.encode(text)
+
+    @property
+    def special_ids(self) -> set[int]:
+        """The ids of every special token (never masked, never a random replacement)."""
+        if self.foreign:
+            return self.src.special_ids()
+        return {PAD_ID, UNK_ID, BOS_ID, EOS_ID, *([self.mask_id] if self.mask_id is not None else [])}
 
     def sentence(self, text: str) -> list[int]:
         """``text`` as a model reads one sentence: ``<s> pieces </s>``, or what a Hugging Face

@@ -424,6 +424,22 @@ def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
     return merged.num_parameters()
 
 
+def import_dir(model: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """`atencion import`: convert the Hugging Face model directory ``model`` once into an atencion
+    model directory ``out`` (new or empty): config.json, model.safetensors under atencion's names
+    in the stored dtype, and the tokenizer's files as they were. Returns what was written."""
+    model_dir = need_dir(model, "DIR")
+    if directory_kind(model_dir) != "huggingface":
+        raise AtencionError(f"{model_dir}: not a Hugging Face model directory (its {CONFIG_FILE} has no "
+                            f"model_type); an atencion directory needs no import")
+    out = need_output_dir(out, "--out")
+    converted, tokenizer = load_model_dir(model_dir, what="DIR", dtype=None)
+    save_model_dir(out, converted, tokenizer)
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in converted.parameters()})
+    return {"imported": str(model_dir), "out": str(out), "arch": converted.cfg.arch, "task": converted.cfg.task,
+            "parameters": converted.num_parameters(), "dtype": "/".join(dtypes)}
+
+
 def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:
     """The tokenizer's vocabularies must be the sizes the model's config gives; one of another
     library (``Tokenizer.foreign``) must fit in them (Hugging Face's models often round their

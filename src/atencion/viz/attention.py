@@ -205,14 +205,15 @@ def token_label(tokenizer, i: int) -> str:
 
 
 def self_attention_ids(model, tokenizer, text: str) -> list[int]:
-    """What a single-stack model reads for ``text``: a GPT its tokens, a BERT <s> + its pieces + </s>.
-    An empty sequence is refused, naming --text."""
+    """What a single-stack model reads for ``text``: a GPT its tokens (and a Hugging Face
+    tokenizer's start token, if it adds one), a BERT the sentence (``Tokenizer.sentence``: <s> +
+    its pieces + </s>, or [CLS] … [SEP]). An empty sequence is refused, naming --text."""
     cfg = model.cfg
     if cfg.arch == "encoder":
         if not text.strip():
             raise AtencionError("--text: the sentence is empty")
-        return [cfg.bos_id, *tokenizer.encode(text.strip()), cfg.eos_id]
-    ids = tokenizer.encode(text)
+        return tokenizer.sentence(text.strip())
+    ids = tokenizer.sentence(text) if tokenizer.foreign else tokenizer.encode(text)
     if not ids:
         raise AtencionError(f"--text {text!r} has no tokens: a GPT needs at least one to attend from")
     return ids
