@@ -347,3 +347,21 @@ def test_a_missing_tokenizer_or_shard_is_named(dirs, tmp_path, missing):
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
         assert str(gone) in err or (missing == "source.spm" and "source.spm" in err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_shows_a_bert_directory_s_heads_as_transformers_computes_them(dirs):
+    from fastapi.testclient import TestClient
+
+    from atencion.serve.app import LoadedModel, create_app
+
+    model, tokenizer = load_model_dir(dirs["bert"])
+    hf = transformers.BertForMaskedLM.from_pretrained(dirs["bert"], attn_implementation="eager").eval()
+    ids = hf_tokenizer(dirs["bert"])("the cat sat on the mat.").input_ids
+    with torch.no_grad():
+        theirs = torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]  # layers, heads, q, k
+    with TestClient(create_app([LoadedModel("bert", str(dirs["bert"]), model, tokenizer)])) as client:
+        assert client.get("/info").json()["models"][0]["endpoints"] == ["/fill-mask", "/attention"]
+        answer = client.post("/attention", json={"text": "the cat sat on the mat."}).json()
+    encoder = answer["attention"]["pieces"]["encoder"]
+    assert encoder["rows"] == [tokenizer.piece(i) for i in ids]
+    assert (torch.tensor(encoder["weights"]) - theirs).abs().max() <= 1e-5  # the answer rounds to 5 decimals
