@@ -18,6 +18,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from atencion.cli import main as cli  # noqa: E402
 from atencion.decode.sample import generate_ids  # noqa: E402
+from atencion.interop import from_hf  # noqa: E402
 from atencion.nn.model_dir import directory_kind, load_model, load_model_dir  # noqa: E402
 from atencion.tasks.lm import prompt_ids  # noqa: E402
 from atencion.tasks.mlm import masked_ids  # noqa: E402
@@ -207,9 +208,12 @@ def test_classify_on_a_sequence_classification_directory_gives_transformers_labe
     (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     code, out, _ = run("classify", "--model", str(dirs[name]), "--input", str(tmp_path / "in.txt"), "--json")
     assert code == 0
+    converted = from_hf(hf)  # the same head from the model transformers loaded
     for line, answer in zip(lines, out.splitlines()):
+        ids = torch.tensor([theirs(line).input_ids])
         with torch.no_grad():
-            p = hf(torch.tensor([theirs(line).input_ids])).logits[0].softmax(-1)
+            p = hf(ids).logits[0].softmax(-1)
+            assert (converted.classify(ids)[0].softmax(-1) - p).abs().max() <= 1e-6
         answer = json.loads(answer)
         assert answer["label"] == hf.config.id2label[int(p.argmax())]
         assert list(answer["probabilities"].values()) == pytest.approx(p.tolist(), abs=1e-6)
@@ -330,7 +334,9 @@ def test_an_unsupported_model_type_is_named_with_the_supported_ones(dirs, tmp_pa
     for args in (["generate", "--model", str(bad)], ["import", str(bad), "--out", str(tmp_path / "out")]):
         code, out, err = run(*args)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-        assert "model_type 'xlnet' is not supported; supported: bert, bloom, gpt2, gpt_neox, marian, t5" in err
+        assert "model_type 'xlnet' is not supported; supported: " in err
+        listed = set(err.split("supported: ")[1].strip().split(", "))
+        assert {"bert", "bloom", "gpt2", "gpt_neox", "marian", "t5"} <= listed
     assert not (tmp_path / "out").exists()
 
 
@@ -363,5 +369,31 @@ def test_serve_shows_a_bert_directory_s_heads_as_transformers_computes_them(dirs
         assert client.get("/info").json()["models"][0]["endpoints"] == ["/fill-mask", "/attention"]
         answer = client.post("/attention", json={"text": "the cat sat on the mat."}).json()
     encoder = answer["attention"]["pieces"]["encoder"]
-    assert encoder["rows"] == [tokenizer.piece(i) for i in ids]
+    assert len(encoder["rows"]) == len(ids) and encoder["rows"][0] == "[CLS]" and encoder["rows"][-1] == "[SEP]"
+    # WordPiece's pieces grouped into the words its pre-tokenizer cut ("##" goes on with a word)
+    cut = hf_tokenizer(dirs["bert"]).backend_tokenizer.pre_tokenizer.pre_tokenize_str("the cat sat on the mat.")
+    words = [word for word, _ in cut]
+    assert answer["attention"]["words"]["encoder"]["rows"] == ["[CLS]", *words, "[SEP]"]
     assert (torch.tensor(encoder["weights"]) - theirs).abs().max() <= 1e-5  # the answer rounds to 5 decimals
+
+
+def test_a_family_with_only_its_from_hf_importer_loads_through_transformers(dirs, monkeypatch):
+    """A family whose module reads no checkpoint (as a new one may start: its IMPORTERS entry and
+    ``from_X`` only, no MODEL_TYPE) still serves its directories, through transformers'
+    from_pretrained, and its model_type is listed as supported."""
+    import sys
+    import types
+
+    from atencion.interop import IMPORTERS, gpt2
+    from atencion.interop.hf_dir import supported
+
+    direct = load_model(dirs["gpt2"])
+    new = types.ModuleType("atencion.interop.newfamily")
+    new.from_newfamily = gpt2.from_gpt2
+    monkeypatch.setitem(sys.modules, new.__name__, new)
+    monkeypatch.setitem(IMPORTERS, "GPT2LMHeadModel", ("newfamily", "from_newfamily"))
+    monkeypatch.delitem(IMPORTERS, "GPT2ForSequenceClassification")
+    through = load_model(dirs["gpt2"])
+    ids = torch.tensor([[5, 17, 2, 40]])
+    assert through.cfg == direct.cfg and torch.equal(through(ids), direct(ids))
+    assert "gpt2" in supported()

@@ -181,6 +181,9 @@ class TokenizersVocab(ForeignVocab):
             raise AtencionError(f"{path}: not a readable tokenizers file ({err})") from None
         files = {HF_TOKENIZER_FILE: path.read_bytes(), **_side_files(directory)}
         super().__init__(directory, files, read_specials(directory, self.backend.token_to_id))
+        model = json.loads(files[HF_TOKENIZER_FILE]).get("model", {})
+        # WordPiece's mark of a piece that goes on with a word ("##"); None for other models
+        self.continues = (model.get("continuing_subword_prefix") or "##") if model.get("type") == "WordPiece" else None
 
     def get_piece_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
@@ -204,6 +207,17 @@ class TokenizersVocab(ForeignVocab):
 
     def id_to_piece(self, i: int) -> str:
         return self.backend.id_to_token(i) or ""
+
+    def label(self, i: int) -> str:
+        """Token ``i`` spelt as SentencePiece spells its pieces, with "▁" where a word starts (viz
+        groups pieces into words by it): WordPiece's "##" goes on with a word and its other pieces
+        start one, byte-level BPE's "Ġ" is the space before a word. Special tokens as they are."""
+        piece = self.id_to_piece(i)
+        if i in self.special_ids():
+            return piece
+        if self.continues is not None:
+            return piece[len(self.continues):] if piece.startswith(self.continues) else "▁" + piece
+        return "▁" + piece[1:] if piece.startswith("Ġ") else piece
 
     def piece_to_id(self, piece: str) -> int:
         i = self.backend.token_to_id(piece)
@@ -264,6 +278,10 @@ class MarianVocab(ForeignVocab):
 
     def id_to_piece(self, i: int) -> str:
         return self.pieces.get(i, "")
+
+    def label(self, i: int) -> str:
+        """Token ``i`` as viz shows it: its SentencePiece piece ("▁" starts a word)."""
+        return self.id_to_piece(i)
 
     def piece_to_id(self, piece: str) -> int:
         return self.ids.get(piece, self.specials.unk)

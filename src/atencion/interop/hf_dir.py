@@ -82,9 +82,27 @@ class Checkpoint(Mapping):
 
 def families() -> dict[str, ModuleType]:
     """model_type → the interop module that converts it (each module of IMPORTERS that names its
-    ``MODEL_TYPE``)."""
-    modules = (import_module(f".{name}", __package__) for name in dict.fromkeys(m for m, _ in IMPORTERS.values()))
-    return {module.MODEL_TYPE: module for module in modules if hasattr(module, "MODEL_TYPE")}
+    ``MODEL_TYPE``: one, or a tuple of the model types it reads)."""
+    found = {}
+    for name in dict.fromkeys(module for module, _ in IMPORTERS.values()):
+        module = import_module(f".{name}", __package__)
+        types = getattr(module, "MODEL_TYPE", ())
+        found.update(dict.fromkeys((types,) if isinstance(types, str) else types, module))
+    return found
+
+
+def supported() -> list[str]:
+    """Every model_type a directory may have: those of ``families`` and, through transformers,
+    those of the classes IMPORTERS converts whose module names none."""
+    known = set(families())
+    classes = [name for name, (module, _) in IMPORTERS.items()
+               if not hasattr(import_module(f".{module}", __package__), "MODEL_TYPE")]
+    if classes:
+        import transformers
+
+        known |= {getattr(transformers, name).config_class.model_type
+                  for name in classes if hasattr(transformers, name)}
+    return sorted(known)
 
 
 def _family(directory: Path) -> tuple[ModuleType | None, str]:
@@ -102,7 +120,7 @@ def _family(directory: Path) -> tuple[ModuleType | None, str]:
         if architecture in IMPORTERS:
             return None, architecture
         raise AtencionError(f"{path}: model_type {model_type!r} is not supported; supported: "
-                            f"{', '.join(sorted(known))}")
+                            f"{', '.join(supported())}")
     family = known[model_type].__name__.rpartition(".")[2]
     classes = [name for name, (module, _) in IMPORTERS.items() if module == family]
     architecture = architecture or classes[0]

@@ -218,10 +218,11 @@ def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int 
     one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces (0: no
     limit) or beyond a learned position table, named by ``where(index)``."""
     limit = position_limit(model.cfg)
+    added = len(tokenizer.sentence(""))  # the special tokens around a sentence
     out = []
     for i, text in enumerate(texts):
         ids = tokenizer.sentence(check_text(text, where(i)).strip())
-        pieces = len(ids) - (len(tokenizer.sentence("")) if tokenizer.foreign else 2)
+        pieces = len(ids) - added
         if max_tokens and pieces > max_tokens:
             raise AtencionError(f"{where(i)}: {pieces} tokens, more than the limit of {max_tokens}")
         if limit is not None and len(ids) > limit:
