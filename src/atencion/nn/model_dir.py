@@ -146,8 +146,10 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.P
                             f"(take an earlier checkpoint)")
     # each copied once into memory of its own: a tensor read from a file may be a view of its bytes (memory-mapped,
     # read-only) that lies off the alignment vectorised kernels expect, and they would sum in another order there
-    params = {name: nn.Parameter(tensors[name].clone(memory_format=torch.contiguous_format)) for name in expected}
-    model.load_state_dict({name: params[first] for name, first in canonical.items()}, assign=True)
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # the rest: saved buffers
+    owned = {name: tensors[name].clone(memory_format=torch.contiguous_format) for name in expected}
+    owned = {name: nn.Parameter(t) if name in parameters else t for name, t in owned.items()}  # a tied one is one
+    model.load_state_dict({name: owned[first] for name, first in canonical.items()}, assign=True)
     return model
 
 
