@@ -27,8 +27,8 @@ Seams for what comes next:
 
 A model is built with its parameters on the meta device (no memory, no initialisation) and
 then given the tensors read from the file (``model_from_tensors``): no parameter is allocated
-twice, and a checkpoint keeps its stored dtype until ``load_model``'s ``dtype`` (float32 unless
-told otherwise) is applied.
+and initialised only to be overwritten, and a checkpoint keeps its stored dtype until
+``load_model``'s ``dtype`` (float32 unless told otherwise) is applied.
 """
 
 from __future__ import annotations
@@ -114,23 +114,23 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.PathLike, config: os.PathLike,
                        expect: type | None = None) -> nn.Module:
-    """The model of ``cfg`` holding ``tensors`` (one per parameter; tied parameters under their
-    first name, or under each when the tensors are equal), in their dtype and on their device;
-    the model is built without memory for its parameters, so each tensor is in memory once. ``where`` (the weights) and
-    ``config`` name the files in messages: a missing or unexpected tensor, a shape the config
-    does not give, a non-finite value. ``expect``: refuse, in one line, a model that is not of
-    this class."""
+    """The model of ``cfg`` holding ``tensors`` (one per parameter or saved buffer; tied
+    parameters under their first name, or under each when the tensors are equal), in their dtype
+    and on their device; the model is built without memory for its parameters (``_parameters_on_meta``).
+    ``where`` (the weights) and ``config`` name the files in messages: a missing or unexpected
+    tensor, a shape the config does not give, a non-finite value. ``expect``: refuse, in one
+    line, a model that is not of this class."""
     with _parameters_on_meta():
         model = build_model(cfg)
     _check_class(model, config, expect)
     canonical = model._canonical_names()
     expected = {name for name, first in canonical.items() if name == first}
-    for name in [name for name in tensors if canonical.get(name, name) != name]:  # a tied tensor given twice
-        first = canonical[name]
+    twice = {name: canonical[name] for name in tensors if canonical.get(name, name) != name}  # tied, given again
+    for name, first in twice.items():
         if first in tensors and tensors[name] is not tensors[first] and not torch.equal(tensors[name], tensors[first]):
             raise AtencionError(f"{where}: {name!r} and {first!r} are one tensor in this model (tied) but differ "
                                 f"in the file")
-        tensors = {key: value for key, value in tensors.items() if key != name}
+    tensors = {name: tensor for name, tensor in tensors.items() if name not in twice}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
         raise AtencionError(f"{where}: weights do not match {config}; missing {missing[:5]}, "
