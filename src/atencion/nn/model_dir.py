@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -98,11 +99,14 @@ def _parameters_on_meta() -> Iterator[None]:
     costs nothing), while buffers (position tables, RoPE frequencies) are computed as usual.
     accelerate's ``init_empty_weights`` does the same."""
     register = nn.Module.register_parameter
-    moved: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id → (original, kept alive; its meta twin)
+    moved: dict[int, tuple[weakref.ref, nn.Parameter]] = {}  # id of an original → (the original, its meta twin)
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and not param.is_meta:  # a parameter registered twice (tied) stays one
-            param = moved.setdefault(id(param), (param, nn.Parameter(param.to("meta"), param.requires_grad)))[1]
+        if param is not None and not param.is_meta:  # one registered twice (tied) gets the same twin
+            seen = moved.get(id(param))
+            if seen is None or seen[0]() is not param:  # an id may be reused once its original is gone
+                seen = moved[id(param)] = (weakref.ref(param), nn.Parameter(param.to("meta"), param.requires_grad))
+            param = seen[1]
         register(module, name, param)
 
     nn.Module.register_parameter = on_meta
@@ -116,7 +120,8 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.P
                        expect: type | None = None) -> nn.Module:
     """The model of ``cfg`` holding ``tensors`` (one per parameter or saved buffer; tied
     parameters under their first name, or under each when the tensors are equal), in their dtype
-    and on their device; the model is built without memory for its parameters (``_parameters_on_meta``).
+    and on their device; the model is built without memory for its parameters
+    (``_parameters_on_meta``), and ``tensors`` is emptied as it takes them, each freed once copied.
     ``where`` (the weights) and ``config`` name the files in messages: a missing or unexpected
     tensor, a shape the config does not give, a non-finite value. ``expect``: refuse, in one
     line, a model that is not of this class."""
@@ -130,7 +135,8 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.P
         if first in tensors and tensors[name] is not tensors[first] and not torch.equal(tensors[name], tensors[first]):
             raise AtencionError(f"{where}: {name!r} and {first!r} are one tensor in this model (tied) but differ "
                                 f"in the file")
-    tensors = {name: tensor for name, tensor in tensors.items() if name not in twice}
+    for name in twice:
+        del tensors[name]
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
         raise AtencionError(f"{where}: weights do not match {config}; missing {missing[:5]}, "
@@ -147,8 +153,10 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.P
     # each copied once into memory of its own: a tensor read from a file may be a view of its bytes (memory-mapped,
     # read-only) that lies off the alignment vectorised kernels expect, and they would sum in another order there
     parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # the rest: saved buffers
-    owned = {name: tensors[name].clone(memory_format=torch.contiguous_format) for name in expected}
-    owned = {name: nn.Parameter(t) if name in parameters else t for name, t in owned.items()}  # a tied one is one
+    owned = {}
+    for name in sorted(expected):
+        tensor = tensors.pop(name).clone(memory_format=torch.contiguous_format)
+        owned[name] = nn.Parameter(tensor) if name in parameters else tensor  # a tied one is one Parameter
     model.load_state_dict({name: owned[first] for name, first in canonical.items()}, assign=True)
     return model
 
@@ -394,6 +402,9 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     folded into its weights unless ``merge`` is False. ``dtype``: that of the model's tensors
     (None: as stored)."""
     path = need_dir(path, what)
+    if directory_kind(path) == "huggingface" and not any((path / name).is_file() for name in (INFO_FILE, "source.spm")):
+        raise MissingFileError(f"{path / INFO_FILE}: not found; a Hugging Face model directory needs its tokenizer "
+                               f"(tokenizer.json, or Marian's source.spm, target.spm and vocab.json)")
     model = load_model(path, map_location=resolve_device(device), dtype=dtype).eval()
     if merge:
         merge_lora(model)
