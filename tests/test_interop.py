@@ -48,4 +48,4 @@ def test_an_unsupported_class_is_named():
     with pytest.raises(AtencionError, match="torch.nn.Linear|Linear is not supported"):
         from_hf(torch.nn.Linear(2, 2))
     with pytest.raises(AtencionError, match="unknown family"):
-        to_hf(from_hf(small_hf_models()[0][1].eval()), family="llama")
+        to_hf(from_hf(small_hf_models()[0][1].eval()), family="gemma")

@@ -182,6 +182,12 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true",
                    help="an instruct model: the prompt is the user's turn, written through the chat template of "
                         "its Hugging Face tokenizer (plain text when it has none)")
+    p.add_argument("--draft", metavar="DIR",
+                   help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
+                        "that --model verifies, several per pass; the text comes from --model's own distribution "
+                        "(greedy: the same text), faster when the draft often agrees (default: off)")
+    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64), default=4,
+                   help="tokens the draft proposes per round (default: 4)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
 
 
@@ -192,11 +198,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
     --input each line of the file is a prompt, sampled with the same --seed. When --input or
     --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
     '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
-    model's learned positions) before anything is generated."""
+    model's learned positions) before anything is generated. With --draft, speculative decoding
+    (Leviathan et al. 2023): --verbose logs its acceptance rate and tokens/s on stderr."""
     from .tasks.lm import generate_to
 
     generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
-                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), chat=args.chat)
+                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), chat=args.chat,
+                draft=args.draft, draft_tokens=args.draft_tokens)
 
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
@@ -382,16 +390,19 @@ def cmd_figures(args: argparse.Namespace) -> None:
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx"], help="what to write")
+    p.add_argument("--format", required=True, choices=["ctranslate2", "hf", "onnx", "gguf"], help="what to write")
     p.add_argument("--out", required=True, help="output directory, new or empty")
+    p.add_argument("--dtype", choices=["float32", "float16", "q8_0"], default=None,
+                   help="gguf only: the weights' type (default float32; norms and biases stay float32)")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     """Export a model directory for another runtime: ctranslate2 (CTranslate2 model), hf (Hugging
-    Face MarianMTModel) or onnx (encoder + one decoder step). --out must be new or empty."""
+    Face MarianMTModel), onnx (encoder + one decoder step) or gguf (llama.cpp, decoder-only
+    models). --out must be new or empty."""
     from .export import export_model_dir
 
-    files = export_model_dir(args.model, args.out, args.format)
+    files = export_model_dir(args.model, args.out, args.format, args.dtype)
     print(json.dumps({"format": args.format, "out": args.out, "files": files}))
 
 
@@ -499,7 +510,7 @@ COMMANDS = [
      add_attention_arguments, cmd_attention),
     ("aer", "alignment error rate of cross-attention against gold alignments", add_aer_arguments, cmd_aer),
     ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
-    ("export", "export a model to ctranslate2, hf (Marian) or onnx", add_export_arguments, cmd_export),
+    ("export", "export a model to ctranslate2, hf (Marian), onnx or gguf", add_export_arguments, cmd_export),
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),

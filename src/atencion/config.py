@@ -35,9 +35,12 @@ class ModelConfig:
     d_model: int = 512
     d_ff: int = 2048
     n_heads: int = 8                       # h; d_k = d_v = d_model / h
+    n_kv_heads: int | None = None          # grouped-query attention (Ainslie et al. 2023): g key/value heads, each
+                                           # shared by h / g query heads; 1: multi-query; None: h (the paper's)
     dropout: float = 0.1                   # P_drop: sub-layer outputs and embeddings + positions
     attention_dropout: float = 0.0         # on the attention weights (not in the paper's text)
-    activation: str = "relu"               # "relu" (the paper, §3.3), "gelu" (BERT), "gelu-tanh" (GPT-2)
+    activation: str = "relu"               # "relu" (the paper, §3.3), "gelu" (BERT), "gelu-tanh" (GPT-2); gated
+                                           # (Shazeer 2020): "swiglu" (Llama), "geglu", d_ff the gated width
     norm_first: bool = False               # False: post-LN, the paper's; True: pre-LN
     norm: str = "layernorm"                # "layernorm" or "rmsnorm" (T5)
     positional: str = "sinusoidal"         # a key of POSITIONS (nn/positional.py): absolute, added to the
@@ -45,6 +48,9 @@ class ModelConfig:
                                            # relative, inside self-attention: "rope", "alibi", "t5"
     max_positions: int = 1024              # rows of the learned table; sinusoids extend freely
     rope_base: float = 10000.0             # RoPE: the angle of pair i at position m is m · base^(-2i/d_k)
+    rope_scaling: dict[str, Any] | None = None  # RoPE for longer contexts, as the Llama family sets it: {type:
+                                           # linear, factor} | {type: llama3, factor, low_freq_factor,
+                                           # high_freq_factor, original_max_position_embeddings}; None: none
     relative_buckets: int = 32             # T5: buckets of relative position (half per direction in the encoder)
     relative_max_distance: int = 128       # T5: distances beyond this share the last bucket
     scale_embedding: bool = True           # embeddings multiplied by sqrt(d_model) (§3.4)
@@ -52,6 +58,7 @@ class ModelConfig:
     tie_output: bool = True                # the pre-softmax projection uses the target table
     output_bias: bool = False              # a bias on the logits (Marian has one)
     bias: bool = True                      # biases in the attention and feed-forward projections
+    qkv_bias: bool = False                 # biases on the q, k, v projections whatever `bias` says (Qwen2)
     layer_norm_eps: float = 1e-5
     scale_attention: bool = True           # divide the scores by √d_k (eq. 1); T5 does not
     scale_output: bool = False             # T5: the decoder output × d_model^-0.5 before the tied projection
@@ -85,6 +92,11 @@ class ModelConfig:
                 f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): "
                 f"each of the h heads gets d_k = d_model / h dimensions"
             )
+        if self.n_kv_heads is not None:
+            _require_positive_int("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise AtencionError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): each "
+                                    f"key/value head serves n_heads / n_kv_heads query heads")
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -92,11 +104,11 @@ class ModelConfig:
         if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
             raise AtencionError(f"layer_norm_eps must be a number in (0, 1), got {self.layer_norm_eps!r}")
         for key in ("norm_first", "scale_embedding", "share_embeddings", "tie_output", "output_bias", "bias",
-                    "scale_attention", "scale_output", "embedding_norm", "pooler"):
+                    "qkv_bias", "scale_attention", "scale_output", "embedding_norm", "pooler"):
             if not isinstance(getattr(self, key), bool):
                 raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
         _require_choice("arch", self.arch, ARCHS)
-        _require_choice("activation", self.activation, ("relu", "gelu", "gelu-tanh"))
+        _require_choice("activation", self.activation, ("relu", "gelu", "gelu-tanh", "swiglu", "geglu"))
         _require_choice("norm", self.norm, ("layernorm", "rmsnorm"))
         _require_choice("pooling", self.pooling, ("first", "last", "mean"))
         if self.labels is not None:
@@ -121,6 +133,8 @@ class ModelConfig:
             raise AtencionError(problem)
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             raise AtencionError(f"rope_base must be a number > 1, got {self.rope_base!r}")
+        if self.rope_scaling is not None:
+            self.rope_scaling = _rope_scaling_settings(self.rope_scaling, self.positional)
         for key in ("relative_buckets", "relative_max_distance"):
             _require_positive_int(key, getattr(self, key))
         if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
@@ -168,6 +182,11 @@ class ModelConfig:
     def d_k(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """g, the key/value heads of self-attention: ``n_kv_heads``, or h."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
     def _stack_depths(self) -> list[int]:
         """The number of layers of each stack the arch has."""
         return [self.n_layers, self.decoder_layers] if self.arch in TWO_STACKS else [self.n_layers]
@@ -177,7 +196,8 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3), ``tiny`` (Transformer-Tiny),
-        ``bert-base``, ``bert-tiny``, ``gpt2``, ``gpt-tiny``, ``t5-small``, ``t5-tiny``."""
+        ``bert-base``, ``bert-tiny``, ``gpt2``, ``gpt-tiny``, ``t5-small``, ``t5-tiny``, ``llama-tiny``,
+        ``smollm-135m``, ``tinyllama-1.1b``, ``mistral-7b``."""
         if not isinstance(name, str) or name not in PRESETS:
             raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=None)
@@ -201,7 +221,7 @@ class ModelConfig:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
         floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
-        for key in ("rnn", "attention"):
+        for key in ("rnn", "attention", "rope_scaling"):
             if isinstance(values.get(key), dict):
                 values[key] = dict(values[key])
         if isinstance(values.get("moe"), dict):
@@ -238,6 +258,8 @@ _BERT = dict(arch="encoder", activation="gelu", positional="learned", max_positi
              embedding_norm=True, layer_norm_eps=1e-12, scale_embedding=False, dropout=0.1)
 _GPT = dict(arch="decoder", activation="gelu-tanh", positional="learned", max_positions=1024, norm_first=True,
             scale_embedding=False, dropout=0.1)
+_LLAMA = dict(arch="decoder", norm="rmsnorm", norm_first=True, positional="rope", activation="swiglu", bias=False,
+              scale_embedding=False, tie_output=False, dropout=0.0)
 _T5 = dict(positional="t5", norm="rmsnorm", norm_first=True, bias=False, scale_attention=False,
            scale_embedding=False, scale_output=True, layer_norm_eps=1e-6, dropout=0.1)
 
@@ -256,9 +278,57 @@ PRESETS: dict[str, dict[str, Any]] = {
     # T5 (Raffel et al. 2020): t5-small, 60M with its 32,128-token vocabulary; a CPU-sized one.
     "t5-small": dict(_T5, n_layers=6, d_model=512, d_ff=2048, n_heads=8),
     "t5-tiny": dict(_T5, n_layers=2, d_model=128, d_ff=512, n_heads=4),
+    # Llama's decoder (Touvron et al. 2023): pre-RMSNorm, RoPE, SwiGLU, grouped-query attention; a CPU-sized one,
+    # and the shapes of SmolLM-135M (Allal et al. 2024), TinyLlama-1.1B (Zhang et al. 2024) and Mistral-7B
+    # (Jiang et al. 2023: v0.1, its sliding window of 4,096 keys).
+    "llama-tiny": dict(_LLAMA, n_layers=4, d_model=128, d_ff=352, n_heads=4, n_kv_heads=2, max_positions=256,
+                       dropout=0.1),
+    "smollm-135m": dict(_LLAMA, n_layers=30, d_model=576, d_ff=1536, n_heads=9, n_kv_heads=3, max_positions=2048,
+                        tie_output=True),
+    "tinyllama-1.1b": dict(_LLAMA, n_layers=22, d_model=2048, d_ff=5632, n_heads=32, n_kv_heads=4,
+                           max_positions=2048),
+    "mistral-7b": dict(_LLAMA, n_layers=32, d_model=4096, d_ff=14336, n_heads=32, n_kv_heads=8, max_positions=32768,
+                       attention={"kind": "window", "window": 4096}),
 }
 PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
-             "t5-small": (32128, "60M")}  # vocabulary and the parameter count their papers give
+             "t5-small": (32128, "60M"), "smollm-135m": (49152, "135M"), "tinyllama-1.1b": (32000, "1.1B"),
+             "mistral-7b": (32000, "7.2B")}  # vocabulary and the parameter count their papers give
+
+
+# RoPE scaling (``rope_scaling``): each type and the keys it needs, as Hugging Face's Llama family writes them
+ROPE_SCALING = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _rope_scaling_settings(values: Any, positional: str) -> dict[str, Any]:
+    """``rope_scaling`` checked: a type of ROPE_SCALING with exactly its keys, ``factor`` >= 1 (the
+    context grows by it), llama3's ``high_freq_factor`` above its ``low_freq_factor`` > 0 and its
+    ``original_max_position_embeddings`` (the context it was trained for) a positive integer."""
+    if not isinstance(values, dict):
+        raise AtencionError(f"rope_scaling must be a mapping such as {{type: linear, factor: 2.0}} (or null), "
+                            f"got {values!r}")
+    kind = values.get("type")
+    _require_choice("rope_scaling.type", kind, tuple(ROPE_SCALING))
+    known = ["type", *ROPE_SCALING[kind]]
+    unknown, missing = sorted(str(k) for k in set(values) - set(known)), [k for k in known if k not in values]
+    if unknown or missing:
+        raise AtencionError(f"rope_scaling.{(unknown or missing)[0]} is {'not a' if unknown else 'a missing'} "
+                            f"setting of rope_scaling type {kind!r}; its keys are {known}")
+    if positional != "rope":
+        raise AtencionError(f"rope_scaling scales RoPE's frequencies: it needs positional 'rope', not {positional!r}")
+    settings = {"type": kind}
+    for key in ROPE_SCALING[kind]:
+        integer = key == "original_max_position_embeddings"
+        settings[key] = number(f"rope_scaling.{key}", values[key], integer)
+    if settings["factor"] < 1:
+        raise AtencionError(f"rope_scaling.factor must be >= 1 (the context grows by it), got {settings['factor']}")
+    if kind == "llama3":
+        if not 0 < settings["low_freq_factor"] < settings["high_freq_factor"]:
+            raise AtencionError(f"rope_scaling: low_freq_factor ({settings['low_freq_factor']}) must be > 0 and below "
+                                f"high_freq_factor ({settings['high_freq_factor']})")
+        _require_positive_int("rope_scaling.original_max_position_embeddings",
+                              settings["original_max_position_embeddings"])
+    return settings
 
 
 MOE_DEFAULTS: dict[str, Any] = {"top_k": 2, "aux_loss_weight": 0.01, "capacity_factor": 0.0, "layers": "all",

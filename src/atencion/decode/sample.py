@@ -68,25 +68,36 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """Whether these settings choose the argmax: ``temperature`` 0 (or 0 in float32) or ``top_k`` 1."""
+    return is_float32_zero(temperature) or top_k == 1
+
+
+def next_probs(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The distribution a token is drawn from, (…, vocab) in float32: softmax(logits / temperature)
+    truncated by :func:`filter_logits` (not for greedy settings, :func:`is_greedy`). The row
+    maximum is subtracted before dividing by the temperature, so a tiny temperature tends to
+    greedy instead of overflowing."""
+    logits = logits.float()
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    return filter_logits(scaled, top_k, top_p).softmax(dim=-1)
+
+
 def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> Tensor:
     """The next token of each row, (batch,), from next-token ``logits`` (batch, vocab).
 
     Greedy (the argmax, no random number drawn) with ``temperature`` 0 (or so small that it is 0
-    in float32: dividing by it would give NaN) or ``top_k`` 1; otherwise
-    one ``torch.multinomial`` draw per row from softmax(logits / temperature) truncated by
-    :func:`filter_logits`, with ``generator`` (on the logits' device) so that a seeded generator
-    gives the same tokens again. The row maximum is subtracted before dividing by the
-    temperature, so a tiny temperature tends to greedy instead of overflowing."""
-    if is_float32_zero(temperature) or top_k == 1:
+    in float32: dividing by it would give NaN) or ``top_k`` 1; otherwise one ``torch.multinomial``
+    draw per row from :func:`next_probs`, with ``generator`` (on the logits' device) so that a
+    seeded generator gives the same tokens again."""
+    if is_greedy(temperature, top_k):
         return logits.argmax(dim=-1)
-    logits = logits.float()
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    probs = filter_logits(scaled, top_k, top_p).softmax(dim=-1)
+    probs = next_probs(logits, temperature, top_k, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | Sequence[int] | None) -> None:
+def check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | Sequence[int] | None) -> None:
     """Everything ``generate_ids`` can refuse, checked before any work is done."""
     cfg = getattr(model, "cfg", None)
     arch = getattr(cfg, "arch", None)
@@ -141,7 +152,7 @@ def generate_ids(model, prompt: Tensor, max_new_tokens: int, temperature: float 
     learned position table.
     """
     check_sampling(temperature, top_k, top_p)
-    _check_request(model, prompt, max_new_tokens, stop_id)
+    check_request(model, prompt, max_new_tokens, stop_id)
     was_training = model.training
     model.eval()
     try:

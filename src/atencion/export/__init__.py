@@ -1,12 +1,17 @@
-"""Export a trained model for faster inference elsewhere: CTranslate2, Hugging Face Marian, ONNX.
+"""Export a trained model for faster inference elsewhere: CTranslate2, Hugging Face Marian, ONNX,
+GGUF (llama.cpp).
 
 Each exporter takes an atencion ``Transformer`` (and its ``Tokenizer``, when there is one) and
 writes a directory that works on its own; each is tested to compute what atencion computes.
 
-Every format takes the paper's translator only for now: it refuses relative positions (rope,
+``gguf`` takes decoder-only models (``arch: decoder``) that llama.cpp has an architecture for,
+GPT-2's and Llama's, and refuses the rest naming the setting (``export/gguf.py``); its
+``dtype`` is float32, float16 or q8_0. The other formats take the paper's translator only for
+now: they refuse relative positions (rope,
 alibi, t5), the single-stack archs, RMSNorm, unscaled attention, T5's scaled output and
-mixture-of-experts layers (``moe``) and the attention kinds other than eq. (1) (``attention``:
-flash, exact, is eq. (1) once exported).
+mixture-of-experts layers (``moe``), the attention kinds other than eq. (1) (``attention``:
+flash, exact, is eq. (1) once exported) and today's decoder blocks (grouped-query attention,
+q/k/v biases alone, gated feed-forward networks).
 
 * ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
   else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
@@ -14,6 +19,7 @@ flash, exact, is eq. (1) once exported).
   pre-LN, learned positions and a LayerNorm ε other than 1e-5.
 * ``onnx``: encoder.onnx, decoder_step.onnx (one step with a key/value cache), config.json;
   refuses nothing else.
+* ``gguf``: model.gguf, weights and tokenizer in one file.
 
 With a tokenizer, ctranslate2 and onnx also get spm*.model and tokenizer.json, and hf gets
 the MarianTokenizer files (source.spm, target.spm, vocab.json).
@@ -21,14 +27,16 @@ the MarianTokenizer files (source.spm, target.spm, vocab.json).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 from ..errors import AtencionError
+from ..interop.common import require_paper_blocks
 from ..nn.positional import kinds, position_kind
 
-FORMATS = ("ctranslate2", "hf", "onnx")
-NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"]}
+FORMATS = ("ctranslate2", "hf", "onnx", "gguf")
+NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"], "gguf": ["gguf"]}
 
 
 def _writer(fmt: str):
@@ -47,17 +55,14 @@ def _writer(fmt: str):
     if fmt == "onnx":
         from .onnx import export_onnx
         return export_onnx
+    if fmt == "gguf":
+        from .gguf import export_gguf
+        return export_gguf
     raise AtencionError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
 
 
-def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]:
-    """Write ``model`` (and ``tokenizer``) in format ``fmt`` into ``out``, which must be new or
-    empty: the files go to a temporary directory that is renamed to ``out`` when complete.
-    Returns the names of the files written."""
-    from ..fileio import atomic_directory
-
-    writer = _writer(fmt)
-    cfg = model.cfg
+def _check_translator(cfg, fmt: str) -> None:
+    """Refuse, naming the setting, what the translator formats (all but gguf) cannot export."""
     if position_kind(cfg).role != "absolute":
         raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
                             f"exported yet; only {' and '.join(kinds('absolute'))} positions can")
@@ -73,6 +78,26 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
         if getattr(cfg, key) not in allowed:
             raise AtencionError(f"export to {fmt}: {key}={getattr(cfg, key)!r} cannot be exported yet; the "
                                 f"exporters take the paper's translator ({key} {' or '.join(map(repr, allowed))})")
+    require_paper_blocks(cfg, f"export to {fmt}", "the exporters, which take the paper's translator")
+
+
+def export(model, out: str | os.PathLike, fmt: str, tokenizer=None, dtype: str | None = None) -> list[str]:
+    """Write ``model`` (and ``tokenizer``) in format ``fmt`` into ``out``, which must be new or
+    empty: the files go to a temporary directory that is renamed to ``out`` when complete.
+    ``dtype`` (gguf only): float32 (None), float16 or q8_0. Returns the names of the files written."""
+    from ..fileio import atomic_directory
+
+    writer = _writer(fmt)
+    if fmt == "gguf":
+        from .gguf import check_gguf
+
+        dtype = dtype or "float32"
+        check_gguf(model.cfg, tokenizer, dtype)
+        writer = functools.partial(writer, dtype=dtype)
+    elif dtype is not None:
+        raise AtencionError(f"--dtype is for --format gguf; {fmt} is written in float32")
+    else:
+        _check_translator(model.cfg, fmt)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AtencionError(f"--out {out} exists and is not an empty directory; choose a new or empty "
@@ -82,7 +107,8 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None) -> list[str]
     return sorted(p.name for p in out.iterdir())
 
 
-def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str) -> list[str]:
+def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str,
+                     dtype: str | None = None) -> list[str]:
     """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
     base, tokenizer if present), atencion's or Hugging Face's (converted on load)."""
     from ..data.hf_tokenizer import MARIAN_FILES
@@ -99,4 +125,4 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     if (Path(model_dir) / INFO_FILE).is_file() or (Path(model_dir) / MARIAN_FILES[0]).is_file():
         tokenizer = Tokenizer.load(model_dir)
         check_vocabularies(Path(model_dir), model, tokenizer)
-    return export(model, out, fmt, tokenizer)
+    return export(model, out, fmt, tokenizer, dtype)

@@ -1,8 +1,9 @@
 """Converters between atencion models and Hugging Face's: ``from_hf(hf_model)`` gives the equal
 atencion model for each supported class, ``to_hf(model)`` the reverse (logits equal within 1e-4
-in float32, tested on random weights). Each family lives in a module of its own, importer and
-exporter together, both walking the family's one name map (``name_map``: atencion name ↔
-Hugging Face name, with the pair of functions that turns one into the other; see ``common``).
+in float32, tested on random weights). Each family lives in a module of its own (Llama's three
+members, Llama, Mistral and Qwen2, share llama.py), importer and exporter together, both
+walking the family's one name map (``name_map``: atencion name ↔ Hugging Face name, with the
+pair of functions that turns one into the other; see ``common``).
 
 A new family: one module here with its name map, its config translation, and one entry in
 interop/__init__.py's table (IMPORTERS, below). Nothing here imports ``export``: the
@@ -29,7 +30,12 @@ IMPORTERS = {
     "T5ForConditionalGeneration": ("t5", "from_t5"),
     "GPTNeoXForCausalLM": ("neox", "from_neox"),
     "BloomForCausalLM": ("bloom", "from_bloom"),
+    "LlamaForCausalLM": ("llama", "from_llama"),
+    "MistralForCausalLM": ("llama", "from_llama"),
+    "Qwen2ForCausalLM": ("llama", "from_llama"),
 }
+# families exported by another family's module, as to_<family> there
+EXPORTED_BY = {"mistral": "llama", "qwen2": "llama"}
 
 
 def from_hf(hf_model):
@@ -42,9 +48,10 @@ def from_hf(hf_model):
 
 
 def to_hf(model, family: str | None = None):
-    """The Hugging Face model equal to ``model``: BERT for an encoder, GPT-2 for a decoder with
-    learned positions, Marian for the paper's translator, T5 for a T5-style translator; or the
-    ``family`` named (a module of IMPORTERS, e.g. "t5")."""
+    """The Hugging Face model equal to ``model``: BERT for an encoder; for a decoder, Llama with
+    RoPE and RMSNorm (Qwen2 with q/k/v biases only, Mistral with a sliding window), GPT-2
+    otherwise; Marian for the paper's translator, T5 for a T5-style translator; or the
+    ``family`` named (a module of IMPORTERS, e.g. "t5", or "mistral", "qwen2")."""
     cfg = model.cfg
     if cfg.arch == "rnn":
         raise AtencionError("to_hf: arch 'rnn' (the RNN encoder-decoder) has no Hugging Face class to become; "
@@ -52,21 +59,31 @@ def to_hf(model, family: str | None = None):
     if cfg.moe is not None:
         raise AtencionError("to_hf: moe (mixture-of-experts feed-forward layers) cannot be expressed by the "
                             "Hugging Face classes of interop, which have one dense feed-forward network per layer")
-    if cfg.attention is not None and cfg.attention["kind"] not in ("full", "flash"):
-        raise AtencionError(f"to_hf: attention.kind {cfg.attention['kind']} cannot be expressed by the Hugging Face "
-                            f"classes of interop, which compute eq. (1) (kinds full and flash)")
+    kind = "full" if cfg.attention is None else cfg.attention["kind"]
     if family is None:
         if cfg.arch == "encoder":
             family = "bert"
         elif cfg.arch == "decoder":
-            family = "gpt2"
+            family = _decoder_family(cfg)
         else:
             family = "t5" if cfg.positional == "t5" else "marian"
-    modules = {module for module, _ in IMPORTERS.values()}
-    if family not in modules:
-        raise AtencionError(f"to_hf: unknown family {family!r}; expected one of {sorted(modules)}")
-    module = import_module(f".{family}", __name__)
+    if kind not in ("full", "flash") and not (kind == "window" and family in EXPORTED_BY):
+        raise AtencionError(f"to_hf: attention.kind {kind} cannot be expressed by the Hugging Face classes of "
+                            f"interop, which compute eq. (1) (kinds full and flash; a window: mistral, qwen2)")
+    families = {module for module, _ in IMPORTERS.values()} | set(EXPORTED_BY)
+    if family not in families:
+        raise AtencionError(f"to_hf: unknown family {family!r}; expected one of {sorted(families)}")
+    module = import_module(f".{EXPORTED_BY.get(family, family)}", __name__)
     exporter = getattr(module, f"to_{family}", None)
     if exporter is None:
         raise AtencionError(f"to_hf: no exporter to {family} yet")
     return exporter(model)
+
+
+def _decoder_family(cfg) -> str:
+    """The Hugging Face family a decoder exports to by default."""
+    if cfg.positional != "rope" or cfg.norm != "rmsnorm":
+        return "gpt2"
+    if cfg.qkv_bias and not cfg.bias:
+        return "qwen2"
+    return "mistral" if cfg.attention is not None and cfg.attention["kind"] == "window" else "llama"

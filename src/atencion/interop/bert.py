@@ -51,7 +51,16 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, classifier_values, export_tensors, import_tensors, load_complete, require, weight_and_bias
+from .common import (
+    Pair,
+    classifier_values,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
 
 MODEL_TYPE = "bert"
 # what a saved BertForMaskedLM leaves out: its decoder is tied to the word embeddings and its bias
@@ -113,6 +122,7 @@ def check_bert(cfg: ModelConfig) -> None:
               ("embedding_norm", True), ("scale_embedding", False), ("scale_attention", True), ("bias", True),
               ("num_labels", 0)]
     require(cfg, wanted, "BERT export", "BertForMaskedLM")
+    require_paper_blocks(cfg, "BERT export", "BertForMaskedLM")
     if cfg.activation not in HIDDEN_ACT:
         raise AtencionError(f"BERT export: activation={cfg.activation!r}; BERT's hidden_act covers "
                             f"{sorted(HIDDEN_ACT)}")

@@ -25,7 +25,16 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, per_head_qkv, require, weight_and_bias
+from .common import (
+    Pair,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    per_head_qkv,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
 
 MODEL_TYPE = "bloom"
 
@@ -116,6 +125,7 @@ def check_bloom_compatible(cfg: ModelConfig) -> None:
               ("norm", "layernorm"), ("activation", "gelu-tanh"), ("scale_embedding", False),
               ("scale_attention", True), ("output_bias", False), ("scale_output", False), ("num_labels", 0)]
     require(cfg, wanted, "to_bloom", "BloomForCausalLM")
+    require_paper_blocks(cfg, "to_bloom", "BloomForCausalLM")
     if cfg.d_ff != 4 * cfg.d_model:
         raise AtencionError(f"to_bloom: d_ff={cfg.d_ff} cannot be expressed by BloomForCausalLM, whose "
                             f"feed-forward width is 4 * d_model = {4 * cfg.d_model}")

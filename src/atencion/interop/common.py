@@ -26,20 +26,23 @@ class Pair(NamedTuple):
     """One row of a family's name map: the atencion parameter ``ours`` is the Hugging Face
     parameter ``theirs`` or, when ``theirs`` names several (W^Q, W^K, W^V), their concatenation
     along dim 0. ``to_ours`` / ``to_theirs`` turn one side into the other (a transpose, a
-    permutation of rows; None: as is), acting on the concatenated tensor."""
+    permutation of rows; None: as is), acting on the concatenated tensor. ``sizes``: the rows of
+    each of ``theirs`` when they differ (grouped-query attention's smaller W^K, W^V); None: equal."""
 
     ours: str
     theirs: str | tuple[str, ...]
     to_ours: Callable[[Tensor], Tensor] | None = None
     to_theirs: Callable[[Tensor], Tensor] | None = None
+    sizes: tuple[int, ...] | None = None
 
 
-def weight_and_bias(ours: str, theirs: str | tuple[str, ...], to_ours=None, to_theirs=None) -> list[Pair]:
+def weight_and_bias(ours: str, theirs: str | tuple[str, ...], to_ours=None, to_theirs=None,
+                    sizes: tuple[int, ...] | None = None) -> list[Pair]:
     """The two Pairs of a module with a weight and a bias (a Linear, a LayerNorm), both turned by
     the same functions: ``theirs`` names the module(s), without ``.weight``."""
     names = (theirs,) if isinstance(theirs, str) else theirs
     return [Pair(f"{ours}.{p}", tuple(f"{t}.{p}" for t in names) if len(names) > 1 else f"{names[0]}.{p}",
-                 to_ours, to_theirs) for p in ("weight", "bias")]
+                 to_ours, to_theirs, sizes) for p in ("weight", "bias")]
 
 
 def per_head_qkv(n_heads: int) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
@@ -82,7 +85,8 @@ def export_tensors(name_map: list[Pair], state: dict[str, Tensor],
             continue
         value = state[pair.ours]
         value = pair.to_theirs(value) if pair.to_theirs else value
-        out.update(zip(names, value.chunk(len(names))) if len(names) > 1 else [(names[0], value)])
+        parts = value.split(list(pair.sizes)) if pair.sizes else value.chunk(len(names))
+        out.update(zip(names, parts) if len(names) > 1 else [(names[0], value)])
     return out
 
 
@@ -102,6 +106,23 @@ def require(cfg, settings: list[tuple[str, object]], who: str, target: str) -> N
         if getattr(cfg, key) != value:
             raise AtencionError(f"{who}: {key}={getattr(cfg, key)!r} cannot be expressed by {target}, which needs "
                                 f"{key}={value!r}")
+
+
+def require_paper_blocks(cfg, who: str, target: str) -> None:
+    """Raise AtencionError naming the first block of today's decoder (grouped-query attention,
+    q/k/v biases, a gated feed-forward network, RoPE scaling) that ``target``, a family with the
+    paper's blocks, cannot express."""
+    if cfg.kv_heads != cfg.n_heads:
+        raise AtencionError(f"{who}: n_kv_heads={cfg.n_kv_heads} (grouped-query attention) cannot be expressed by "
+                            f"{target}, whose keys and values have n_heads ({cfg.n_heads}) heads")
+    if cfg.qkv_bias and not cfg.bias:
+        raise AtencionError(f"{who}: qkv_bias=True with bias=False cannot be expressed by {target}, whose "
+                            f"projections all have biases or none")
+    if cfg.activation in ("swiglu", "geglu"):
+        raise AtencionError(f"{who}: activation={cfg.activation!r} (a gated feed-forward network) cannot be "
+                            f"expressed by {target}")
+    if cfg.rope_scaling is not None:
+        raise AtencionError(f"{who}: rope_scaling={cfg.rope_scaling!r} cannot be expressed by {target}")
 
 
 def load_complete(model, state: dict[str, Tensor], who: str):

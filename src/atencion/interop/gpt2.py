@@ -26,7 +26,16 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, classifier_values, export_tensors, import_tensors, load_complete, require, weight_and_bias
+from .common import (
+    Pair,
+    classifier_values,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
 
 MODEL_TYPE = "gpt2"
 
@@ -143,6 +152,7 @@ def check_gpt2_compatible(cfg: ModelConfig) -> None:
               ("scale_embedding", False), ("embedding_norm", False), ("output_bias", False),
               ("scale_output", False), ("num_labels", 0)]
     require(cfg, wanted, "to_gpt2", "GPT2LMHeadModel")
+    require_paper_blocks(cfg, "to_gpt2", "GPT2LMHeadModel")
     if cfg.activation not in _EXPORT_ACTIVATIONS:
         raise AtencionError(f"to_gpt2: activation={cfg.activation!r} cannot be expressed by GPT2LMHeadModel")
 

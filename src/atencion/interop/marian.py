@@ -30,7 +30,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, weight_and_bias
+from .common import Pair, export_tensors, import_tensors, load_complete, require_paper_blocks, weight_and_bias
 
 MODEL_TYPE = "marian"
 # what a saved checkpoint leaves out: the embedding tables are ``shared`` (when they are one), and the
@@ -149,6 +149,7 @@ MARIAN_LAYER_NORM_EPS = 1e-5
 
 def check_marian_compatible(cfg) -> None:
     """Raise a ValueError naming the first setting Marian cannot express."""
+    require_paper_blocks(cfg, "hf export", "MarianMTModel")
     if cfg.norm_first:
         raise AtencionError("hf export: norm_first=true (pre-LN) cannot be expressed by MarianMTModel, "
                          "which is post-LN; export to ctranslate2 or onnx instead")

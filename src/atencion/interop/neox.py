@@ -22,7 +22,16 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, per_head_qkv, require, weight_and_bias
+from .common import (
+    Pair,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    per_head_qkv,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
 
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -102,6 +111,7 @@ def check_neox_compatible(cfg: ModelConfig) -> None:
                 ("bias", True), ("scale_attention", True), ("scale_embedding", False), ("scale_output", False),
                 ("output_bias", False), ("embedding_norm", False), ("num_labels", 0)]
     require(cfg, required, "neox export", "GPTNeoXForCausalLM")
+    require_paper_blocks(cfg, "neox export", "GPTNeoXForCausalLM")
 
 
 def neox_config(cfg: ModelConfig):

@@ -29,7 +29,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require
+from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks
 
 # atencion activation ↔ T5's feed_forward_proj (transformers' ACT2FN names)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -98,6 +98,7 @@ def check_t5_compatible(cfg: ModelConfig) -> None:
                 ("share_embeddings", True), ("tie_output", True), ("output_bias", False),
                 ("embedding_norm", False), ("type_vocab_size", 0), ("num_labels", 0)]
     require(cfg, required, "t5 export", "T5ForConditionalGeneration")
+    require_paper_blocks(cfg, "t5 export", "T5ForConditionalGeneration")
     if cfg.tgt_vocab_size not in (None, cfg.vocab_size):
         raise AtencionError(f"t5 export: tgt_vocab_size={cfg.tgt_vocab_size} cannot be expressed by "
                             f"T5ForConditionalGeneration, which has one vocabulary")

@@ -44,24 +44,36 @@ def scaled_dot_product_attention(
     With ``need_weights`` the explicit path runs and returns the weights (batch, heads, queries,
     keys); otherwise torch's fused kernel runs and the weights are ``None``. Both paths compute
     the same function. ``scale`` replaces 1/√d_k (T5 uses 1: it folds the scaling into its
-    initialisation).
+    initialisation). ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention:
+    :func:`repeat_kv`); the fused kernel reads them shared, without copying.
     """
     if need_weights:
         return _explicit_attention(q, k, v, mask, dropout_p, bias, scale)
+    grouped = k.size(1) != q.size(1)
     if mask is None:
         attn_mask = None if bias is None else bias.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                              enable_gqa=grouped), None
     # A row with no visible key would be NaN in the fused kernel: let it see every key, then
     # zero its output, which is what the explicit path gives.
     visible = mask.any(dim=-1, keepdim=True)
     allowed = mask | ~visible
     if bias is not None:  # the fused kernel takes one float mask: the bias, -inf where not allowed
         allowed = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale,
+                                         enable_gqa=grouped)
     return out * visible, None
 
 
+def repeat_kv(x: Tensor, heads: int) -> Tensor:
+    """Grouped-query attention (Ainslie et al. 2023): keys or values of g heads (batch, g, length,
+    d_k) as ``heads`` heads, key/value head j serving query heads j·heads/g … (j+1)·heads/g − 1
+    (Hugging Face's ``repeat_kv``); as they are when g = heads."""
+    return x if x.size(1) == heads else x.repeat_interleave(heads // x.size(1), dim=1)
+
+
 def _explicit_attention(q, k, v, mask, dropout_p, bias=None, scale=None):
+    k, v = repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
     if bias is not None:
         scores = scores + bias
@@ -165,19 +177,29 @@ class MultiHeadAttention(nn.Module):
     torch.nn.MultiheadAttention), so self-attention projects once. With ``cross=True`` this is
     encoder-decoder attention: queries come from ``x`` (the decoder), keys and values from
     ``memory`` (the encoder).
+
+    With ``n_kv_heads`` g < h (self-attention only), grouped-query attention (Ainslie et al. 2023):
+    ``in_proj`` stacks [W^Q (h·d_k rows); W^K (g·d_k); W^V (g·d_k)], still one layer, and each
+    key/value head serves h / g query heads; the cache keeps g heads. ``qkv_bias`` gives ``in_proj``
+    a bias whatever ``bias`` says (Qwen2).
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
-                 bias: bool = True, cross: bool = False, scale: bool = True, kind: nn.Module | None = None):
+                 bias: bool = True, cross: bool = False, scale: bool = True, kind: nn.Module | None = None,
+                 n_kv_heads: int | None = None, qkv_bias: bool = False):
         super().__init__()
         if d_model % n_heads != 0:
             raise AtencionError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.h, self.d_k = d_model, n_heads, d_model // n_heads
+        self.g = n_heads if n_kv_heads is None else n_kv_heads
+        if cross and self.g != n_heads:
+            raise AtencionError("cross-attention has n_heads key/value heads: grouped-query attention is for "
+                                "self-attention")
         self.attention_dropout = attention_dropout
         self.scale = None if scale else 1.0  # None: eq. (1)'s 1/√d_k
         self.cross = cross
         self.kind = kind  # nn/kinds/: how self-attention is computed, if not by eq. (1) itself
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.in_proj = nn.Linear(d_model, (n_heads + 2 * self.g) * self.d_k, bias=bias or qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
@@ -203,7 +225,7 @@ class MultiHeadAttention(nn.Module):
             projected = self.in_proj(x)
             if packing is not None:
                 projected = packing.unpack(projected)
-            q, k, v = self._heads(projected, 3).unbind(0)
+            q, k, v = self._split(projected)
             if positions is not None:
                 if positions.rotary is not None:
                     q, k = positions.rotate(q), positions.rotate(k)
@@ -237,6 +259,7 @@ class MultiHeadAttention(nn.Module):
                 raise AtencionError(f"attention.kind {self.kind.name} takes a key-padding mask (batch, 1, 1, keys) "
                                     f"and the causal mask it builds itself, got a mask of shape {tuple(mask.shape)}")
             dropout_p = self.attention_dropout if self.training else 0.0
+            k, v = repeat_kv(k, self.h), repeat_kv(v, self.h)
             out, weights = self.kind(q, k, v, mask, positions, dropout_p, self.scale, need_weights)
         return self._output(out, packing), weights
 
@@ -246,6 +269,13 @@ class MultiHeadAttention(nn.Module):
         if packing is not None:
             out = packing.pack(out)
         return self.out_proj(out)
+
+    def _split(self, projected: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``in_proj``'s output (batch, length, (h + 2g)·d_k) → q (batch, h, length, d_k), k and v
+        (batch, g, length, d_k): views, laid out as :meth:`_heads` lays them out when g = h."""
+        b, t, _ = projected.shape
+        parts = projected.split([self.h * self.d_k, self.g * self.d_k, self.g * self.d_k], dim=-1)
+        return tuple(part.view(b, t, -1, self.d_k).transpose(1, 2) for part in parts)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         """(batch, length, n·d_model) → (n, batch, h, length, d_k)."""

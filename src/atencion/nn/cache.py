@@ -28,8 +28,11 @@ class KVCache:
     """Keys and values already computed by one attention layer, shape (batch, heads, length, d_k).
 
     Self-attention appends one step at a time; cross-attention fills it once per source.
-    ``reorder`` selects batch rows, as beam search does when hypotheses are re-ranked.
+    ``reorder`` selects batch rows, as beam search does when hypotheses are re-ranked;
+    ``truncate`` forgets the last keys, as speculative decoding does with rejected draft tokens.
     """
+
+    rewinds = True  # whether ``truncate`` can forget the last keys (a cache that keeps all of them)
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
@@ -45,6 +48,11 @@ class KVCache:
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
         return self.k, self.v
+
+    def truncate(self, length: int) -> None:
+        """Keep the keys and values of the first ``length`` positions only."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
     def reorder(self, index: Tensor) -> None:
         if self.k is not None:
@@ -65,6 +73,8 @@ class BeamKVCache(KVCache):
     builds from the beams' ancestry, so only the mask changes (a few bytes per key, not d_k
     floats). :meth:`reorder` selects sentences (when done ones leave the batch).
     """
+
+    rewinds = False  # speculative decoding runs one row per sentence, never a beam
 
     def __init__(self, group: int) -> None:
         super().__init__()
@@ -159,6 +169,22 @@ class DecoderState:
         causal = _causal(length, t, device)                            # (l, s)
         mask = ancestors[:, :, None, :, :] & causal[None, None, :, :, None]      # (b, i, l, s, j)
         return mask.view(rows // k, 1, k * length, (t + length) * k)
+
+    @property
+    def rewinds(self) -> bool:
+        """Whether :meth:`truncate` can forget positions: every self-attention cache keeps all its
+        keys (not a beam's shared one, a sliding window's last keys or a Performer's running sums)."""
+        return all(cache.rewinds for cache in self.self_caches)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on, as if only the first ``length`` had been
+        decoded: speculative decoding's rollback of the draft tokens it rejected."""
+        if not self.rewinds:
+            raise AtencionError("this decoding state cannot forget positions: a cache of it keeps only recent keys "
+                                "or running sums, or is a beam's")
+        for cache in self.self_caches:
+            cache.truncate(length)
+        self.offset = min(self.offset, length)
 
     def reorder(self, sentences: Tensor, beams: Tensor | None = None) -> None:
         """Keep the sentences ``sentences`` (indices into the current ones, in that order).

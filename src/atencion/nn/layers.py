@@ -3,9 +3,10 @@ block every stack is built from (self-attention, cross-attention in a decoder th
 encoder, feed-forward: dense, or a mixture of experts, nn/moe.py), and the output projection
 to the vocabulary (§3.4) that every model ends with.
 
-``Block(cfg)`` is where a block's options are read from the ModelConfig: a new one (a gated
-feed-forward network, grouped-query attention) is a ModelConfig field (config.py: its default is
-the paper's, its check, its README row) read here, or in the module Block builds with it."""
+``Block(cfg)`` is where a block's options are read from the ModelConfig: a new one (as the gated
+feed-forward network, grouped-query attention and q/k/v biases were) is a ModelConfig field
+(config.py: its default is the paper's, its check, its README row) read here, or in the module
+Block builds with it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ ACTIVATIONS = {
     "relu": nn.functional.relu,                                               # the paper, §3.3
     "gelu": nn.functional.gelu,                                               # BERT (erf form)
     "gelu-tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),         # GPT-2's "gelu_new"
+    "swiglu": nn.functional.silu,                                             # Swish_1 = SiLU, gating (Llama)
+    "geglu": nn.functional.gelu,                                              # GELU, gating
 }
+GATED = ("swiglu", "geglu")  # the activations of a gated feed-forward network (GatedFeedForward)
 
 
 def make_norm(cfg) -> nn.Module:
@@ -42,6 +46,28 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.activation(self.linear1(x)))
+
+
+class GatedFeedForward(nn.Module):
+    """GLU variants of eq. (2) (Shazeer 2020): FFN(x) = W2(act(x W1) ⊙ x W3), SwiGLU with Swish
+    (SiLU, Llama's), GEGLU with GELU; d_ff is the gated width. Llama names W1 ``gate_proj``, W3
+    ``up_proj``, W2 ``down_proj``; here ``linear1``, ``linear3``, ``linear2``."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "swiglu", bias: bool = True):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)   # W1, the gate
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)   # W2
+        self.linear3 = nn.Linear(d_model, d_ff, bias=bias)   # W3, gated
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.activation(self.linear1(x)) * self.linear3(x))
+
+
+def feed_forward(cfg) -> nn.Module:
+    """The feed-forward network of ``cfg``: eq. (2), or its gated variant for ``swiglu``/``geglu``."""
+    ffn = GatedFeedForward if cfg.activation in GATED else FeedForward
+    return ffn(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
 
 
 class Residual(nn.Module):
@@ -70,23 +96,26 @@ class Block(nn.Module):
     (causal) by the mask the stack passes. With ``cfg.moe``, the feed-forward network of the
     chosen layers (``index``: the block's place in its stack, from 0) is a mixture of experts. With
     ``cfg.attention``, self-attention is computed by that kind (nn/kinds/), ``causal`` in a decoder;
-    ``shared``: what the kind's layers share (Linformer's layerwise projection)."""
+    ``shared``: what the kind's layers share (Linformer's layerwise projection). Self-attention
+    has ``cfg.kv_heads`` key/value heads (grouped-query attention); ``qkv_bias`` adds biases to
+    the q, k, v projections."""
 
     def __init__(self, cfg, cross: bool = False, index: int = 0, causal: bool = False,
                  shared: nn.Module | None = None):
         super().__init__()
-        heads = dict(attention_dropout=cfg.attention_dropout, bias=cfg.bias, scale=cfg.scale_attention)
+        heads = dict(attention_dropout=cfg.attention_dropout, bias=cfg.bias, scale=cfg.scale_attention,
+                     qkv_bias=cfg.qkv_bias)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, kind=make_kind(cfg, causal, index, shared),
-                                            **heads)
+                                            n_kv_heads=cfg.kv_heads, **heads)
         self.res_self = Residual(cfg)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cross=True, **heads) if cross else None
         self.res_cross = Residual(cfg) if cross else None
         if has_experts(cfg.moe, index):
-            experts = [FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias) for _ in range(cfg.moe["experts"])]
+            experts = [feed_forward(cfg) for _ in range(cfg.moe["experts"])]
             self.ffn = MoEFeedForward(cfg.d_model, experts, cfg.moe["top_k"], cfg.moe["capacity_factor"],
                                       cfg.moe["gate"])
         else:
-            self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+            self.ffn = feed_forward(cfg)
         self.res_ffn = Residual(cfg)
 
     def forward(

@@ -8,14 +8,16 @@ by the SHA-256 of its weights, checked whenever the adapters are loaded (model_d
 reads those files).
 
 Targets are module names: ``attention`` (``in_proj``, W^Q, W^K and W^V stacked, and
-``out_proj``, W^O), ``ffn`` (``linear1``, ``linear2``), ``all`` (every linear layer but the
-classification head and MoE routers), ``embeddings`` (the token embedding tables), or patterns
+``out_proj``, W^O), ``ffn`` (``linear1``, ``linear2``, and a gated network's ``linear3``:
+Llama's gate_proj, down_proj, up_proj), ``all`` (every linear layer but the classification
+head and MoE routers), ``embeddings`` (the token embedding tables), or patterns
 (``decoder.layers.*.self_attn.in_proj``; a pattern without a dot also matches as the last part
 of a name, as Hugging Face PEFT matches). The stacked ``in_proj`` gets one adapter of rank r
-from d_model to 3 · d_model. An embedding table E (vocabulary × d_model) becomes
-E + (α / r) · (B A)ᵀ with A (r × vocabulary) zero and B (d_model × r) drawn from N(0, 1), as
-PEFT adapts embeddings; the adapted table is a parametrization of the weight, so the output
-projection tied to it (§3.4) reads the adapted table too, and merging changes nothing.
+from d_model to 3 · d_model ((h + 2g) · d_k under grouped-query attention). An embedding table
+E (vocabulary × d_model) becomes E + (α / r) · (B A)ᵀ with A (r × vocabulary) zero and B
+(d_model × r) drawn from N(0, 1), as PEFT adapts embeddings; the adapted table is a
+parametrization of the weight, so the output projection tied to it (§3.4) reads the adapted
+table too, and merging changes nothing.
 
 ``merge_lora`` folds the adapters into plain weights: W ← W + (α / r) · B A.
 """
@@ -36,7 +38,7 @@ from ..config import number
 from ..errors import AtencionError
 from .dropout import Dropout
 
-SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2"]}
+SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2", "linear3"]}
 
 
 @dataclass

@@ -112,13 +112,16 @@ def rotate_half(x: Tensor) -> Tensor:
 
 class RotaryPositions(nn.Module):
     """RoPE (Su et al. 2021): the pair (i, i + d_k/2) of a query or key at position m is turned
-    by the angle m · base^(−2i/d_k), so q_m · k_n depends on m − n only."""
+    by the angle m · base^(−2i/d_k), so q_m · k_n depends on m − n only; ``scaling`` (config
+    ``rope_scaling``) changes the frequencies base^(−2i/d_k) as :func:`scaled_frequencies` says."""
 
-    def __init__(self, d_k: int, base: float = 10000.0):
+    def __init__(self, d_k: int, base: float = 10000.0, scaling: dict | None = None):
         super().__init__()
         if d_k % 2:
             raise AtencionError(f"positional 'rope' needs an even d_k = d_model / n_heads, got {d_k}")
         inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+        if scaling is not None:
+            inv_freq = scaled_frequencies(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,6 +132,24 @@ class RotaryPositions(nn.Module):
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> None:
         return None
+
+
+def scaled_frequencies(inv_freq: Tensor, scaling: dict) -> Tensor:
+    """RoPE's frequencies for a longer context, as the Llama family scales them. ``linear``
+    (position interpolation, Chen et al. 2023): every frequency ÷ factor, so position m turns as
+    m / factor did. ``llama3`` (Llama 3.1): wavelengths 2π/f longer than L/low_freq_factor ÷ factor,
+    shorter than L/high_freq_factor kept, those between interpolated by s = (L/λ − low) / (high − low),
+    f·((1 − s)/factor + s), with L = original_max_position_embeddings."""
+    factor = scaling["factor"]
+    if scaling["type"] == "linear":
+        return inv_freq / factor
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (context / wavelength - low) / (high - low)
+    scaled = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+    between = (wavelength >= context / high) & (wavelength <= context / low)
+    return torch.where(between, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -251,7 +272,8 @@ POSITIONS.update({kind.name: kind for kind in (
     PositionKind("learned", "absolute", lambda cfg: LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions),
                  limit=lambda cfg: cfg.max_positions),
     # RoPE (Su et al. 2021): queries and keys turned by their positions.
-    PositionKind("rope", "relative", lambda cfg: RotaryPositions(cfg.d_k, cfg.rope_base), check=_even_d_k),
+    PositionKind("rope", "relative", lambda cfg: RotaryPositions(cfg.d_k, cfg.rope_base, cfg.rope_scaling),
+                 check=_even_d_k),
     # ALiBi (Press et al. 2022): a fixed slope per head times the distance.
     PositionKind("alibi", "relative", lambda cfg: AlibiPositions(cfg.n_heads)),
     # T5 (Raffel et al. 2020): a learned scalar per head and bucket of relative position.

@@ -25,6 +25,7 @@ from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
 from ..data.tokenizer import EOS_ID, Tokenizer, check_text
 from ..decode.sample import check_sampling, generate_ids
+from ..decode.speculative import check_draft, speculative_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -241,10 +242,13 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
 def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
                   on_text: Callable[[int, str], None] | None = None, what: str = "--prompt",
-                  warn=None, chat: bool = False) -> list[str]:
+                  warn=None, chat: bool = False, draft=None, draft_tokens: int = 4) -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
     batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
-    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it.
+    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it. With a
+    ``draft`` model (over the same token ids), each sample is drawn in turn by speculative
+    decoding (``decode/speculative.py``, ``draft_tokens`` proposed per round): greedy gives the
+    same text, sampling the same distribution with other random numbers.
 
     ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
@@ -281,30 +285,56 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
                 on_text(k, text[len(shown[k]):])
                 shown[k] = text
 
-    def on_step(step: int, tokens: torch.Tensor) -> None:
-        for row, token in zip(new, tokens.tolist()):
+    def on_step(step: int, tokens: torch.Tensor, rows: list[list[int]] = new) -> None:
+        for row, token in zip(rows, tokens.tolist()):
             row.append(token)
         if on_text is not None:
             show()
 
     rows = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
-    stop = tokenizer.specials.stop if tokenizer.foreign else None
-    generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, stop or None, on_step=on_step)
+    stop = (tokenizer.specials.stop if tokenizer.foreign else None) or None
+    if draft is None:
+        generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, stop, on_step=on_step)
+        return [continuation(row) for row in new]
+    for k in range(num_samples):  # one text at a time: each accepts its own number of draft tokens per round
+        speculative_ids(model, draft, rows[k:k + 1], max_new_tokens, draft_tokens, temperature, top_k, top_p,
+                        generator, stop, on_step=lambda step, tokens, k=k: on_step(step, tokens, [new[k]]))
     return [continuation(row) for row in new]
+
+
+def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_tokenizer: Tokenizer) -> None:
+    """Refuse, in one line naming both directories, a draft whose tokenizer is not the target's:
+    speculative decoding compares the two models' probabilities token id by token id."""
+    def pieces(t: Tokenizer) -> list[str]:
+        return [t.piece(i) for i in range(t.vocab_size)]
+
+    mine, theirs = (tokenizer.kind, pieces(tokenizer)), (draft_tokenizer.kind, pieces(draft_tokenizer))
+    if mine == theirs:
+        return
+    if mine[0] != theirs[0] or len(mine[1]) != len(theirs[1]):
+        detail = f"{theirs[0]}, {len(theirs[1])} pieces against {mine[0]}, {len(mine[1])}"
+    else:
+        i = next(i for i, (a, b) in enumerate(zip(mine[1], theirs[1])) if a != b)
+        detail = f"token {i} is {theirs[1][i]!r} against {mine[1][i]!r}"
+    raise AtencionError(f"--draft {draft} has another vocabulary than --model {model} ({detail}): a draft must use "
+                        f"the target's tokenizer")
 
 
 def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = None, max_new_tokens: int = 200,
                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                num_samples: int = 1, device: str = "cpu", warn=None, chat: bool = False) -> None:
+                num_samples: int = 1, device: str = "cpu", warn=None, chat: bool = False, draft: str | None = None,
+                draft_tokens: int = 4) -> None:
     """`atencion generate`: write to ``out`` the prompt, its continuation by the model directory
     ``model`` and a line break. One sample is written as it is generated (flushed when ``out``
     is a terminal); several are drawn together and written when done. With ``input`` each line of
     that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
     1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
-    '--- line N, sample K ---'. The settings and every prompt are checked before anything is
-    written. ``warn(message)`` hears of bytes of ``input`` that are not UTF-8 (replaced) and, once,
-    of characters a character vocabulary lacks (read as ``<unk>``). ``chat``: each prompt is the
-    user's turn through the tokenizer's chat template (``warn`` hears when it has none: plain text)."""
+    '--- line N, sample K ---'. With ``draft``, a model directory with the same tokenizer, the
+    text comes by speculative decoding (``generate_text``), ``draft_tokens`` proposed per round.
+    The settings and every prompt are checked before anything is written. ``warn(message)`` hears
+    of bytes of ``input`` that are not UTF-8 (replaced) and, once, of characters a character
+    vocabulary lacks (read as ``<unk>``). ``chat``: each prompt is the user's turn through the
+    tokenizer's chat template (``warn`` hears when it has none: plain text)."""
     check_sampling(temperature, top_k, top_p)
     if input:
         need_file(input, "--input")
@@ -313,6 +343,11 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     if chat and tokenizer.chat_template is None:
         (warn or log.warning)(f"--chat: {model} has no chat template (tokenizer_config.json or chat_template.jinja); "
                               f"the prompt is read as plain text")
+    drafting = None
+    if draft is not None:
+        drafting, draft_tokenizer = load_model_dir(draft, device, what="--draft")
+        check_draft_vocabulary(model, tokenizer, draft, draft_tokenizer)
+        check_draft(loaded, drafting, draft_tokens)
     if input:
         lines = read_lines(input, allow_empty=True, errors="replace", warn=warn)
         prompts = [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
@@ -330,7 +365,8 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
 
     for number, (text, what) in enumerate(prompts, start=1):
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, num_samples=num_samples, what=what, warn=_told, chat=chat)
+                        seed=seed, num_samples=num_samples, what=what, warn=_told, chat=chat, draft=drafting,
+                        draft_tokens=draft_tokens)
         if num_samples == 1:
             out.write(f"--- line {number} ---\n{text}" if input else text)
             generate_text(loaded, tokenizer, text, on_text=show, **sampling)

@@ -1,6 +1,7 @@
 """`atencion presets`: a tiny model run on an example batch, then every preset's shape and
 parameter count beside the count its paper publishes (Table 3's base and big, and the family's:
-BERT, GPT-2, T5), each counted on a model built on the meta device (no memory)."""
+BERT, GPT-2, T5, SmolLM, TinyLlama, Mistral), each counted on a model built on the meta device
+(no memory)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:
         logits = model(src, tgt_in)
     lines = [f"tiny model on an example batch: src_ids {tuple(src.shape)} + tgt_in_ids "
              f"{tuple(tgt_in.shape)} -> logits {tuple(logits.shape)}", "",
-             f"{'preset':<10}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'dropout':>9}"
+             f"{'preset':<16}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'g':>4}{'dropout':>9}"
              f"{'vocab':>8}{'parameters':>13}  published"]
     for name in PRESETS:
         if name in ("base", "big"):
@@ -37,6 +38,6 @@ def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:
         with torch.device("meta"):
             n = build_model(cfg).num_parameters()
         published = PUBLISHED[name][1] if name in PUBLISHED and size == PUBLISHED[name][0] else ""
-        lines.append(f"{name:<10}{cfg.arch:<16}{cfg.positional:<11}{cfg.n_layers:>3}{cfg.d_model:>9}{cfg.d_ff:>7}"
-                     f"{cfg.n_heads:>4}{cfg.dropout:>9}{size:>8}{n / 1e6:>12.1f}M  {published}")
+        lines.append(f"{name:<16}{cfg.arch:<16}{cfg.positional:<11}{cfg.n_layers:>3}{cfg.d_model:>9}{cfg.d_ff:>7}"
+                     f"{cfg.n_heads:>4}{cfg.kv_heads:>4}{cfg.dropout:>9}{size:>8}{n / 1e6:>12.1f}M  {published}")
     return "\n".join(lines) + "\n"

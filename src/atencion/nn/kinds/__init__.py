@@ -9,7 +9,9 @@ d_k): :meth:`AttentionKind.forward` over a whole sequence (training, encoding, a
 :meth:`AttentionKind.decode` for the new positions of incremental decoding, with the cache the
 kind keeps (:meth:`AttentionKind.new_cache`: a window keeps its last ``window`` keys, the causal
 Performer a running sum). Cross-attention is always eq. (1). A kind's masks are structural:
-``causal`` and a key-padding mask (batch, 1, 1, keys), never an n × n tensor.
+``causal`` and a key-padding mask (batch, 1, 1, keys), never an n × n tensor. Under grouped-query
+attention the caches keep the n_kv_heads key/value heads and a kind sees them repeated to the
+query heads (attention.repeat_kv), after the cache.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import scaled_dot_product_attention, stack_beams, unstack_beams
+from ..attention import repeat_kv, scaled_dot_product_attention, stack_beams, unstack_beams
 from ..cache import BeamKVCache, KVCache
 from .flash import flash_attention
 from .linformer import LinformerProjection, linformer_attention
@@ -53,7 +55,8 @@ class AttentionKind(nn.Module):
         interleaved by slot, run eq. (1) under the beam's mask and the kind's pattern."""
         k, v = cache.append(k, v)
         if not isinstance(cache, BeamKVCache):  # the state's mask, if any, is the causal one the kind applies
-            return self.forward(q, k, v, None, positions, 0.0, scale, False)[0]
+            return self.forward(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), None, positions, 0.0, scale,
+                                False)[0]
         return self.explicit(q, k, v, mask, positions, scale)
 
     def explicit(self, q, k, v, mask, positions, scale) -> Tensor:
@@ -216,9 +219,11 @@ class Performer(AttentionKind):
         return PerformerCache(PerformerState()) if group == 1 else BeamKVCache(group)
 
     def decode(self, q, k, v, mask, cache, positions, scale):
-        if isinstance(cache, PerformerCache):
-            return performer_step(q, k, v, self.features, cache.state, scale=scale)
+        if isinstance(cache, PerformerCache):  # its running sums are per query head
+            return performer_step(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), self.features, cache.state,
+                                  scale=scale)
         k, v = cache.append(k, v)  # a beam: the implied weights under the beam's mask
+        k, v = repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1))
 
         group = q.size(0) // k.size(0)
         out = _masked_performer(stack_beams(q, group), k, v, mask, self.features, scale)
@@ -263,6 +268,8 @@ class RollingKVCache(KVCache):
     """A sliding window's self-attention cache: the last ``window`` keys and values and no more,
     so decoding takes the same memory at step 100 and at step 100,000."""
 
+    rewinds = False  # the keys before the last ``window − 1`` are gone
+
     def __init__(self, window: int):
         super().__init__()
         self.window, self.seen = window, 0
@@ -282,6 +289,8 @@ class RollingKVCache(KVCache):
 
 class PerformerCache(KVCache):
     """The causal Performer's decoding state (running sums) behind the cache interface."""
+
+    rewinds = False  # a sum does not say what was added last
 
     def __init__(self, state):
         super().__init__()
