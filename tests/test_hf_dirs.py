@@ -179,6 +179,58 @@ def test_generate_chat_writes_the_prompt_through_the_chat_template(dirs):
     assert code == 0 and out == "the cat" + tokenizer.decode(expected[0].tolist()) + "\n"
 
 
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    """A LlamaForCausalLM with grouped-query attention (2 key/value heads of 4) as save_pretrained
+    writes it, beside a byte-level BPE trained here that starts each text with <s>, as Llama's does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    directory = tmp_path_factory.mktemp("hf") / "llama"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                                eos_token="</s>")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
+    ).save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory
+
+
+def test_generate_on_a_llama_directory_reads_its_safetensors_and_gives_transformers_greedy_tokens(llama_dir,
+                                                                                                  monkeypatch):
+    """The Llama family's directories load through its name map (no transformers model is built):
+    `generate` gives the tokens of transformers' greedy ``generate``, and with itself as --draft the same."""
+    from atencion.interop import hf_dir
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
+    theirs_tokenizer = hf_tokenizer(llama_dir)
+    prompt = "the cat sat"
+    ids = theirs_tokenizer(prompt).input_ids
+    theirs = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20)[0, len(ids):].tolist()
+
+    def through_transformers(directory, architecture):
+        raise AssertionError(f"{architecture} was loaded through transformers, not from its safetensors")
+
+    monkeypatch.setattr(hf_dir, "_through_transformers", through_transformers)
+    model, tokenizer = load_model_dir(llama_dir)
+    assert (model.cfg.n_heads, model.cfg.n_kv_heads, model.cfg.activation) == (4, 2, "swiglu")
+    assert ids[0] == 1 and prompt_ids(tokenizer, prompt) == ids
+    code, out, _ = run("generate", "--model", str(llama_dir), "--prompt", prompt, "--temperature", "0",
+                       "--max-new-tokens", "20")
+    assert code == 0 and out == theirs_tokenizer.decode(ids + theirs, skip_special_tokens=True) + "\n"
+    assert len(set(theirs)) > 3  # a text that varies, not one token repeated
+    code, drafted, _ = run("generate", "--model", str(llama_dir), "--draft", str(llama_dir), "--prompt", prompt,
+                           "--temperature", "0", "--max-new-tokens", "20")
+    assert code == 0 and drafted == out  # speculative decoding: the target's own greedy text
+
+
 # fill-mask and classify -------------------------------------------------------------------------
 
 
