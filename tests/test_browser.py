@@ -255,3 +255,33 @@ def test_api_key_and_two_models(browser, demo_model_dir, tmp_path):
     finally:
         context.close()
         srv.stop()
+
+
+def test_a_hugging_face_bert_s_heads_are_explored(page, tmp_path):
+    """A Hugging Face BERT directory, served as it is: the page asks /attention and draws its
+    encoder self-attention, layers × heads, with the tokenizer's own pieces ([CLS] … [SEP])."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_dirs import wordpiece
+
+    tokenizer = wordpiece()
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=0)).save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    srv = Server(tmp_path / "bert", tmp_path / "server.log")
+    try:
+        page.goto(srv.url)
+        page.wait_for_function("document.querySelector('#translate').textContent === 'Show attention'")
+        assert page.locator("#error").is_hidden()
+        _translate(page, "the cat sat on the mat.")
+        page.wait_for_selector("#attention:not([hidden])")
+        status, answer = _request(srv.url + "attention", {"text": "the cat sat on the mat."})
+        assert status == 200, answer
+        encoder = answer["attention"]["pieces"]["encoder"]
+        assert encoder["rows"][0] == "[CLS]" and encoder["rows"][-1] == "[SEP]"
+        assert page.input_value("#kind") == "encoder" and page.locator("#kind option[value='cross']").is_disabled()
+        assert page.locator("#grid td.head").count() == 2 * (4 + 1)
+        assert page.locator("#enlarged th.row-label").all_inner_texts() == encoder["rows"]
+        assert page.inner_text("#translation") == "the cat sat on the mat."
+    finally:
+        srv.stop()

@@ -25,14 +25,19 @@ def test_every_arch_the_config_accepts_has_one_registered_class():
         assert isinstance(build_model(cfg), REGISTERED[arch])
 
 
-def test_a_hugging_face_directory_is_told_apart_and_refused_in_one_line(tmp_path):
+def test_a_hugging_face_directory_is_told_apart_and_read_as_the_model_from_hf_gives(tmp_path):
     transformers = pytest.importorskip("transformers")
+    from atencion.interop import from_hf
+
     config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=32)
-    transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
+    hf_model = transformers.BertForMaskedLM(config).eval()
+    hf_model.save_pretrained(tmp_path / "bert")
     assert directory_kind(tmp_path / "bert") == "huggingface"
-    with pytest.raises(AtencionError, match=r"a Hugging Face model directory \(config.json has model_type 'bert'\)"):
-        load_model(tmp_path / "bert")
+    loaded, converted = load_model(tmp_path / "bert"), from_hf(hf_model)
+    assert loaded.cfg == converted.cfg
+    ids = torch.randint(5, 50, (2, 6))
+    assert torch.equal(loaded(ids), converted(ids))
 
 
 def test_a_directory_of_towers_is_told_apart_and_refused_in_one_line(tmp_path):

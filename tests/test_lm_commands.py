@@ -521,8 +521,8 @@ def test_the_server_answers_what_the_library_computes(client, loaded):
 def test_info_tells_each_model_s_task_and_endpoints(client):
     models = {m["name"]: m for m in client.get("/info").json()["models"]}
     assert [(m["arch"], m["task"], m["endpoints"]) for m in models.values()] == [
-        ("decoder", "lm", ["/generate"]), ("encoder", "mlm", ["/fill-mask"]),
-        ("encoder", "classify", ["/classify", "/fill-mask"])]
+        ("decoder", "lm", ["/generate", "/attention"]), ("encoder", "mlm", ["/fill-mask", "/attention"]),
+        ("encoder", "classify", ["/classify", "/fill-mask", "/attention"])]
     assert models["classifier"]["labels"] == ["neg", "pos"] and models["gpt-sp"]["decoding"]["max_new_tokens"] == 40
     assert 'atencion_queue_depth{model="gpt-sp"} 0.0' in client.get("/metrics").text
 

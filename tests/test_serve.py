@@ -311,8 +311,9 @@ def test_a_new_endpoint_is_one_table_entry_served_counted_described_and_refused_
 @pytest.mark.parametrize("arch, num_labels, mask_id, endpoints", [
     ("encoder-decoder", 0, None, ["translate"]), ("rnn", 0, None, ["translate"]),
     ("encoder-decoder", 2, 5, ["translate"]),  # a translator translates, whatever head it carries
-    ("decoder", 0, None, ["generate"]), ("decoder", 2, None, ["classify", "generate"]),
-    ("encoder", 0, 5, ["fill-mask"]), ("encoder", 0, None, []), ("encoder", 2, 5, ["classify", "fill-mask"])])
+    ("decoder", 0, None, ["generate", "attention"]), ("decoder", 2, None, ["classify", "generate", "attention"]),
+    ("encoder", 0, 5, ["fill-mask", "attention"]), ("encoder", 0, None, ["attention"]),
+    ("encoder", 2, 5, ["classify", "fill-mask", "attention"])])
 def test_a_model_answers_the_table_s_endpoints_it_is_capable_of_its_own_task_s_first(arch, num_labels, mask_id,
                                                                                       endpoints):
     from types import SimpleNamespace

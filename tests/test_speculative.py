@@ -69,6 +69,22 @@ def test_a_draft_equal_to_the_target_has_every_greedy_proposal_accepted():
     assert seen == list(enumerate(tokens[0].tolist()))
 
 
+def test_speculative_text_ends_at_a_stop_token_as_generate_ids_does():
+    """A Hugging Face model's text ends at its end-of-sequence token: with ``stop_id`` the
+    speculative text is the target's greedy text up to and including it, whether the stop comes
+    among the accepted draft tokens or as the target's own."""
+    target = decoder(0, positional="rope")
+    ids = torch.tensor([PROMPTS[0]])
+    full = generate_ids(target, ids, 30, temperature=0)[0].tolist()
+    for at in (3, 9):
+        stop = full[at]
+        end = next(i for i, token in enumerate(full) if token in (stop, 0)) + 1
+        alone = generate_ids(target, ids, 30, temperature=0, stop_id=[stop, 0])
+        for draft in (target, near_copy(target, 2, 0.02)):
+            tokens, stats = speculative_ids(target, draft, ids, 30, 4, temperature=0, stop_id=[stop, 0])
+            assert tokens[0].tolist() == alone[0].tolist() == full[:end] and stats.new_tokens == end
+
+
 # sampled: the target's exact distribution -------------------------------------------------------
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:

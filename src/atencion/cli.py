@@ -56,7 +56,8 @@ def _warn(command: str):
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """The options of translate and evaluate that make a DecodeConfig (and the model to decode with)."""
-    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer): "
+                                                   "atencion's or a Hugging Face one")
     p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
                    help="beam size, 1 to 64; 1 is greedy (default: 4)")
     p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
@@ -160,7 +161,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory of a decoder-only language model (arch decoder)")
+    p.add_argument("--model", required=True, help="model directory of a decoder-only language model (arch decoder), "
+                                                   "atencion's or a Hugging Face one")
     prompts = p.add_mutually_exclusive_group()
     prompts.add_argument("--prompt", default="", help="text to continue (default: none; the model starts a new line)")
     prompts.add_argument("--input", help="a file of prompts, one a line: one generation per line")
@@ -177,6 +179,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
     p.add_argument("--num-samples", type=_number(int, 1, highest=1000), default=1,
                    help="samples per prompt, drawn together as one batch (default: 1)")
+    p.add_argument("--chat", action="store_true",
+                   help="an instruct model: the prompt is the user's turn, written through the chat template of "
+                        "its Hugging Face tokenizer (plain text when it has none)")
     p.add_argument("--draft", metavar="DIR",
                    help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
                         "that --model verifies, several per pass; the text comes from --model's own distribution "
@@ -198,8 +203,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from .tasks.lm import generate_to
 
     generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
-                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), draft=args.draft,
-                draft_tokens=args.draft_tokens)
+                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), chat=args.chat,
+                draft=args.draft, draft_tokens=args.draft_tokens)
 
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
@@ -459,6 +464,21 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(json.dumps({"averaged": len(args.checkpoints), "out": str(args.out)}))
 
 
+def add_import_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", metavar="DIR", help="a Hugging Face model directory (config.json with model_type, "
+                                                    "model.safetensors or its shards, the tokenizer's files)")
+    p.add_argument("--out", required=True, help="output model directory, new or empty")
+
+
+def cmd_import(args: argparse.Namespace) -> None:
+    """Convert a Hugging Face model directory once into an atencion model directory: its weights
+    under atencion's names, in the dtype they were stored in, and its tokenizer's files as they
+    were. Every command also takes the Hugging Face directory itself, converting it on load."""
+    from .nn.model_dir import import_dir
+
+    print(json.dumps(import_dir(args.directory, args.out)))
+
+
 def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a LoRA model directory (adapters over a base model)")
     p.add_argument("--out", required=True, help="output model directory, new or empty")
@@ -494,6 +514,7 @@ COMMANDS = [
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
+    ("import", "convert a Hugging Face model directory into an atencion one", add_import_arguments, cmd_import),
 ]
 
 

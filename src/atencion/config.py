@@ -67,6 +67,7 @@ class ModelConfig:
     num_labels: int = 0                    # a sequence-classification head with this many labels; 0: none
     pooling: str = "first"                 # its input: the output of the "first" token (BERT), of the "last"
                                            # real token (GPT), or the "mean" over the real tokens
+    pooler: bool = False                   # BERT's pooler before it: tanh(W·pooled + b) (BERT, §3.1's [CLS])
     labels: list[str] | None = None        # the classification head's label names, in logit order
     moe: dict[str, Any] | None = None      # mixture of experts in place of the FFN: {experts, top_k,
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
@@ -103,7 +104,7 @@ class ModelConfig:
         if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
             raise AtencionError(f"layer_norm_eps must be a number in (0, 1), got {self.layer_norm_eps!r}")
         for key in ("norm_first", "scale_embedding", "share_embeddings", "tie_output", "output_bias", "bias",
-                    "qkv_bias", "scale_attention", "scale_output", "embedding_norm"):
+                    "qkv_bias", "scale_attention", "scale_output", "embedding_norm", "pooler"):
             if not isinstance(getattr(self, key), bool):
                 raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
         _require_choice("arch", self.arch, ARCHS)

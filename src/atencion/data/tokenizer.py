@@ -1,9 +1,11 @@
 """Subwords with SentencePiece (BPE or unigram), characters (``CharVocab``, for nanoGPT-style
 language models) or whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps),
-trained on the training data, stored beside the model.
+trained on the training data, stored beside the model; or the tokenizer of a Hugging Face
+model directory, run by the library that wrote it (data/hf_tokenizer.py: ``foreign``).
 
-Ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2, eos 3; a vocabulary for masked
-language modelling also holds ``<mask>``.
+In atencion's own vocabularies ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2,
+eos 3; a vocabulary for masked language modelling also holds ``<mask>``. A Hugging Face
+tokenizer has its own (``Tokenizer.specials``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, json_line, read_json
+from .hf_tokenizer import SpecialIds, read_foreign
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
@@ -186,6 +189,21 @@ class Tokenizer:
         self.tgt = tgt_model if tgt_model is not None else src_model
 
     @property
+    def foreign(self) -> bool:
+        """Whether it is a Hugging Face model directory's tokenizer (data/hf_tokenizer.py)."""
+        return hasattr(self.src, "specials")
+
+    @property
+    def specials(self) -> SpecialIds:
+        """The ids of its special tokens: atencion's 0–3, or those a Hugging Face tokenizer names."""
+        return self.src.specials if self.foreign else SpecialIds(mask=self.mask_id)
+
+    @property
+    def chat_template(self) -> str | None:
+        """A Hugging Face tokenizer's chat template (jinja), if it has one."""
+        return self.src.chat_template if self.foreign else None
+
+    @property
     def joint(self) -> bool:
         return self.src is self.tgt
 
@@ -199,7 +217,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"."""
+        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"; or, for a Hugging
+        Face tokenizer, "huggingface" (tokenizer.json) or "marian" (SentencePiece and vocab.json)."""
         return getattr(self.src, "kind", "sentencepiece")
 
     @property
@@ -208,12 +227,32 @@ class Tokenizer:
 
     @property
     def mask_id(self) -> int | None:
-        """The id of ``<mask>``, or None when the vocabulary has none."""
+        """The id of ``<mask>`` (a Hugging Face tokenizer's mask token: BERT's [MASK]), or None
+        when the vocabulary has none."""
+        if self.foreign:
+            return self.src.specials.mask
         i = self.src.piece_to_id(MASK)
         return i if i != UNK_ID and self.src.id_to_piece(i) == MASK else None
 
     def encode(self, text: str) -> list[int]:
         return self.src.encode(text)
+
+    @property
+    def special_ids(self) -> set[int]:
+        """The ids of every special token (never masked, never a random replacement)."""
+        if self.foreign:
+            return self.src.special_ids()
+        return {PAD_ID, UNK_ID, BOS_ID, EOS_ID, *([self.mask_id] if self.mask_id is not None else [])}
+
+    def sentence(self, text: str) -> list[int]:
+        """``text`` as a model reads one sentence: ``<s> pieces </s>``, or what a Hugging Face
+        tokenizer's post-processor makes of it (BERT's [CLS] … [SEP], GPT-2's pieces alone)."""
+        return self.src.sentence(text) if self.foreign else [BOS_ID, *self.src.encode(text), EOS_ID]
+
+    def chat(self, prompt: str) -> list[int]:
+        """The ids of ``prompt`` as the user's turn of a chat, through the chat template (its
+        text encoded without further special tokens, as ``apply_chat_template`` does)."""
+        return self.src.encode(self.src.render_chat([{"role": "user", "content": prompt}]))
 
     def decode(self, ids: list[int]) -> str:
         return self.src.decode(ids)
@@ -261,6 +300,11 @@ class Tokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.foreign:  # the Hugging Face files, as they were read
+            self.src.save(directory)
+            if self.tgt is not self.src:
+                self.tgt.save(directory)
+            return
         if self.kind in VOCABS:
             info = {"kind": self.kind, "joint": True, "src_vocab_size": self.src_vocab_size,
                     "tgt_vocab_size": self.src_vocab_size, "pieces": self.src.pieces}
@@ -278,6 +322,9 @@ class Tokenizer:
         import sentencepiece as spm
 
         directory = Path(directory)
+        foreign = read_foreign(directory)
+        if foreign is not None:
+            return cls(*foreign) if foreign[0] is not foreign[1] else cls(foreign[0])
         info = read_json(directory / INFO_FILE, "tokenizer description")
         vocab = VOCABS.get(info.get("kind")) if isinstance(info.get("kind"), str) else None
         if vocab is not None:

@@ -16,7 +16,7 @@ model.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -97,7 +97,7 @@ def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | None) -> None:
+def check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | Sequence[int] | None) -> None:
     """Everything ``generate_ids`` can refuse, checked before any work is done."""
     cfg = getattr(model, "cfg", None)
     arch = getattr(cfg, "arch", None)
@@ -120,8 +120,9 @@ def check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | Non
                             f"[0, {cfg.vocab_size})")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise AtencionError(f"--max-new-tokens must be a positive integer, got {max_new_tokens!r}")
-    if stop_id is not None and not (isinstance(stop_id, int) and 0 <= stop_id < cfg.vocab_size):
-        raise AtencionError(f"stop_id must be a token id in [0, {cfg.vocab_size}), got {stop_id!r}")
+    stops = [] if stop_id is None else [stop_id] if isinstance(stop_id, int) else list(stop_id)
+    if stop_id is not None and (not stops or not all(isinstance(s, int) and 0 <= s < cfg.vocab_size for s in stops)):
+        raise AtencionError(f"stop_id must be a token id in [0, {cfg.vocab_size}) or several, got {stop_id!r}")
     limit = position_limit(cfg)
     if limit is not None and length > limit:
         raise AtencionError(f"--prompt of {length} tokens is longer than this model's learned positions "
@@ -129,15 +130,17 @@ def check_request(model, prompt: Tensor, max_new_tokens: int, stop_id: int | Non
 
 
 def generate_ids(model, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, stop_id: int | None = None,
+                 top_p: float = 1.0, generator: torch.Generator | None = None,
+                 stop_id: int | Sequence[int] | None = None,
                  on_step: Callable[[int, Tensor], None] | None = None) -> Tensor:
     """The tokens a decoder-only ``model`` appends to ``prompt``, (batch, n_new), n_new <= max_new_tokens.
 
     ``prompt`` is (batch, length) token ids, every row as long (several samples of one prompt, or
     prompts of one length): one ``decode_step`` reads it whole and fills the key/value cache, then
     each step feeds the one token just chosen (:func:`choose_next`: ``temperature``, ``top_k``,
-    ``top_p``, ``generator``). A row that emits ``stop_id`` is done: it keeps computing with the
-    batch but its later tokens are ``stop_id``, and generation ends once every row is done.
+    ``top_p``, ``generator``). A row that emits ``stop_id`` (or one of several) is done: it keeps
+    computing with the batch but its later tokens are that id (the first of several), and
+    generation ends once every row is done.
     ``on_step(step, tokens)``, if given, sees each step's tokens (batch,) as they are chosen.
     A model with learned positions reads at most ``max_positions`` tokens: once the text is
     longer, each step reads its last ``max_positions`` tokens afresh, without the cache (nanoGPT's
@@ -165,12 +168,13 @@ def _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generato
     logits = model.decode_step(prompt, state)[:, -1]
     text = prompt
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
+    stops = None if stop_id is None else torch.tensor(stop_id, device=prompt.device).reshape(-1)
     chosen = []
     for step in range(max_new_tokens):
         tokens = choose_next(logits, temperature, top_k, top_p, generator)
-        if stop_id is not None:
-            tokens = tokens.masked_fill(done, stop_id)
-            done |= tokens == stop_id
+        if stops is not None:
+            tokens = tokens.masked_fill(done, int(stops[0]))
+            done |= torch.isin(tokens, stops)
         chosen.append(tokens)
         if on_step is not None:
             on_step(step, tokens)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,10 +77,11 @@ def check_draft(target, draft, draft_tokens: int) -> None:
 
 def speculative_ids(target, draft, prompt: Tensor, max_new_tokens: int, draft_tokens: int = 4,
                     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                    generator: torch.Generator | None = None,
+                    generator: torch.Generator | None = None, stop_id: int | Sequence[int] | None = None,
                     on_step: Callable[[int, Tensor], None] | None = None) -> tuple[Tensor, SpeculativeStats]:
-    """The tokens ``target`` appends to ``prompt`` (1, length), (1, max_new_tokens), with ``draft``
-    proposing ``draft_tokens`` at a time, and what the speculation did.
+    """The tokens ``target`` appends to ``prompt`` (1, length), (1, n_new), n_new <= max_new_tokens,
+    with ``draft`` proposing ``draft_tokens`` at a time, and what the speculation did. The text
+    ends at ``stop_id`` (or one of several), the stop token included, as ``generate_ids``'s does.
 
     Drawn from the target's own distribution (``generate_ids`` with the same ``temperature``,
     ``top_k``, ``top_p``): greedy settings give the target's greedy text token for token; sampled
@@ -92,7 +93,7 @@ def speculative_ids(target, draft, prompt: Tensor, max_new_tokens: int, draft_to
     Both models run in eval mode under ``torch.inference_mode()``; their modes are restored.
     """
     check_sampling(temperature, top_k, top_p)
-    check_request(target, prompt, max_new_tokens, None)
+    check_request(target, prompt, max_new_tokens, stop_id)
     if prompt.size(0) != 1:
         raise AtencionError(f"speculative decoding continues one text at a time: the prompt is shaped "
                             f"{tuple(prompt.shape)}, not (1, length)")
@@ -103,7 +104,7 @@ def speculative_ids(target, draft, prompt: Tensor, max_new_tokens: int, draft_to
     try:
         with torch.inference_mode():
             return _speculate(target, draft, prompt, max_new_tokens, draft_tokens,
-                              (temperature, top_k, top_p), generator, on_step)
+                              (temperature, top_k, top_p), generator, stop_id, on_step)
     finally:
         target.train(modes[0])
         draft.train(modes[1])
@@ -134,7 +135,7 @@ class _Reader:
         self.state, self.start = self.model.init_state(), start
 
 
-def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, on_step):
+def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, stop_id, on_step):
     greedy = is_greedy(sampling[0], sampling[1])
     stats = SpeculativeStats()
     began = time.perf_counter()
@@ -144,6 +145,7 @@ def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, on
     n = prompt.size(1)  # tokens of text so far; both caches hold at most n − 1 of them
     end = n + max_new_tokens
     verifier, proposer = _Reader(target), _Reader(draft)
+    stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
 
     def distribution(logits: Tensor) -> Tensor:
         """What a token is chosen from: the logits themselves when greedy (their argmax), else ``next_probs``."""
@@ -174,7 +176,10 @@ def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, on
             if on_step is not None:
                 on_step(n - prompt.size(1), text[:, n].clone())
             n += 1
-    stats.new_tokens = max_new_tokens
+            if token in stops:
+                end = n
+                break
+    stats.new_tokens = end - prompt.size(1)
     stats.seconds = time.perf_counter() - began
     log.info("speculative decoding: %d tokens in %.2f s (%.1f tokens/s), %d rounds, %d of %d draft tokens "
              "accepted (%.1f%%)", stats.new_tokens, stats.seconds, stats.tokens_per_second, stats.rounds,

@@ -110,7 +110,8 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None, dtype: str |
 def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: str,
                      dtype: str | None = None) -> list[str]:
     """:func:`export` for a model directory (config.json, model.safetensors or LoRA adapters over a
-    base, tokenizer if present)."""
+    base, tokenizer if present), atencion's or Hugging Face's (converted on load)."""
+    from ..data.hf_tokenizer import MARIAN_FILES
     from ..data.tokenizer import INFO_FILE, Tokenizer
     from ..fileio import need_dir, need_output_dir
     from ..nn.lora import merge_lora
@@ -121,7 +122,7 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     _writer(fmt)  # an unknown format fails before anything is loaded
     model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in
     tokenizer = None
-    if (Path(model_dir) / INFO_FILE).is_file():
+    if (Path(model_dir) / INFO_FILE).is_file() or (Path(model_dir) / MARIAN_FILES[0]).is_file():
         tokenizer = Tokenizer.load(model_dir)
         check_vocabularies(Path(model_dir), model, tokenizer)
     return export(model, out, fmt, tokenizer, dtype)

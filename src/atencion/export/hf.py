@@ -58,5 +58,7 @@ def export_hf(model, directory: str | os.PathLike, tokenizer=None) -> None:
         pad_token_id=cfg.pad_id, bad_words_ids=[[cfg.pad_id], [cfg.bos_id]], num_beams=4,
         max_length=cfg.max_positions)
     hf.save_pretrained(str(directory), safe_serialization=True)
-    if tokenizer is not None:
+    if tokenizer is not None and tokenizer.foreign:  # a Marian directory's own files, as they were
+        tokenizer.save(directory)
+    elif tokenizer is not None:
         _save_marian_tokenizer(tokenizer, Path(directory))

@@ -7,7 +7,12 @@ pair of functions that turns one into the other; see ``common``).
 
 A new family: one module here with its name map, its config translation, and one entry in
 interop/__init__.py's table (IMPORTERS, below). Nothing here imports ``export``: the
-``atencion export --format hf`` path (export/hf.py) imports ``marian.to_marian`` from here."""
+``atencion export --format hf`` path (export/hf.py) imports ``marian.to_marian`` from here.
+
+A Hugging Face model directory of any class in IMPORTERS is read by ``hf_dir`` (every command
+takes one): from its safetensors directly when the family's module names its ``MODEL_TYPE`` and
+splits its importer into ``import_config`` and ``import_state`` (common.py), else through
+transformers' own ``from_pretrained`` and the importer here."""
 
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ from ..errors import AtencionError
 IMPORTERS = {
     "MarianMTModel": ("marian", "from_marian"),
     "BertForMaskedLM": ("bert", "from_bert"),
+    "BertForSequenceClassification": ("bert", "from_bert"),
     "GPT2LMHeadModel": ("gpt2", "from_gpt2"),
+    "GPT2ForSequenceClassification": ("gpt2", "from_gpt2"),
     "T5ForConditionalGeneration": ("t5", "from_t5"),
     "GPTNeoXForCausalLM": ("neox", "from_neox"),
     "BloomForCausalLM": ("bloom", "from_bloom"),

@@ -36,16 +36,36 @@ BERT's quirks, and how they are handled:
    "gelu_pytorch_tanh" → "gelu-tanh"; exported as "gelu_pytorch_tanh").
 5. Only training differs: BERT's word embeddings do not train their padding row
    (``padding_idx``), atencion's do. No pooler: BertForMaskedLM has none.
+6. ``BertForSequenceClassification`` has the pooler (``bert.pooler.dense``, then tanh) on the
+   [CLS] output and a linear ``classifier``: atencion's classification head with ``pooler:
+   true`` and ``pooling: first``. It has no MLM head: the imported one is left untrained (zeros,
+   a LayerNorm of ones) and never used for classifying.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks, weight_and_bias
+from .common import (
+    Pair,
+    classifier_values,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
+
+MODEL_TYPE = "bert"
+# what a saved BertForMaskedLM leaves out: its decoder is tied to the word embeddings and its bias
+TIED = {"cls.predictions.decoder.bias": "cls.predictions.bias",
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"}
 
 # BERT's hidden_act → atencion's activation; and back (the exact torch form of the tanh GELU)
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
@@ -136,6 +156,12 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
     """The one table both directions walk (the module docstring's, one row per parameter): one
     BERT name is copied as is, three (query, key, value) are stacked along dim 0. The tied output
     projection (``mlm_head.weight``) is the embedding table and is not listed."""
+    return [*_encoder_pairs(cfg), *weight_and_bias("mlm_head.dense", "cls.predictions.transform.dense"),
+            *weight_and_bias("mlm_head.norm", "cls.predictions.transform.LayerNorm"),
+            Pair("mlm_head.bias", "cls.predictions.decoder.bias")]
+
+
+def _encoder_pairs(cfg: ModelConfig) -> list[Pair]:
     pairs = [Pair("encoder.embed.weight", "bert.embeddings.word_embeddings.weight"),
              Pair("encoder.positions.weight", "bert.embeddings.position_embeddings.weight")]
     if cfg.type_vocab_size:
@@ -150,30 +176,50 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
                   *weight_and_bias(f"{ours}.ffn.linear1", f"{theirs}.intermediate.dense"),
                   *weight_and_bias(f"{ours}.ffn.linear2", f"{theirs}.output.dense"),
                   *weight_and_bias(f"{ours}.res_ffn.norm", f"{theirs}.output.LayerNorm")]
-    return pairs + [*weight_and_bias("mlm_head.dense", "cls.predictions.transform.dense"),
-                    *weight_and_bias("mlm_head.norm", "cls.predictions.transform.LayerNorm"),
-                    Pair("mlm_head.bias", "cls.predictions.decoder.bias")]
+    return pairs
+
+
+def import_config(hf_config, architecture: str = "BertForMaskedLM") -> ModelConfig:
+    """The atencion config of a BERT of class ``architecture``: a masked language model, or a
+    classifier (quirk 6)."""
+    cfg = config_from_bert(hf_config)
+    if architecture == "BertForSequenceClassification":
+        cfg = dataclasses.replace(cfg, pooler=True, **classifier_values(hf_config, "first"))
+    return cfg
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (BERT's names, as stored)."""
+    if cfg.num_labels:  # quirk 6
+        out = import_tensors([*_encoder_pairs(cfg), *weight_and_bias("classifier.pooler", "bert.pooler.dense"),
+                              *weight_and_bias("classifier.linear", "classifier")], state)
+        words = out["encoder.embed.weight"]
+        d = cfg.d_model
+        out.update({"mlm_head.dense.weight": words.new_zeros(d, d), "mlm_head.dense.bias": words.new_zeros(d),
+                    "mlm_head.norm.weight": words.new_ones(d), "mlm_head.norm.bias": words.new_zeros(d),
+                    "mlm_head.bias": words.new_zeros(cfg.vocab_size)})
+    else:
+        if not torch.equal(state["cls.predictions.decoder.weight"], state["bert.embeddings.word_embeddings.weight"]):
+            raise AtencionError("BERT import: cls.predictions.decoder.weight differs from the word embeddings "
+                                "(tie_word_embeddings=False); atencion's MLM head is tied to them")
+        out = import_tensors(name_map(cfg), state)
+    out["mlm_head.weight"] = out["encoder.embed.weight"]  # tied (quirk 3)
+    return cfg, out
 
 
 def from_bert(hf_model) -> Transformer:
     """An atencion Transformer (eval mode) computing the same MLM logits as ``hf_model``, a
-    transformers.BertForMaskedLM (see the module docstring for padding)."""
-    from transformers import BertForMaskedLM
+    transformers.BertForMaskedLM (see the module docstring for padding), or the same
+    classification logits as a BertForSequenceClassification."""
+    from transformers import BertForMaskedLM, BertForSequenceClassification
 
-    if not isinstance(hf_model, BertForMaskedLM):
+    if not isinstance(hf_model, (BertForMaskedLM, BertForSequenceClassification)):
         model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
         raise AtencionError(f"BERT import: expected a transformers BertForMaskedLM, got "
                             f"{type(hf_model).__name__} (model_type {model_type!r})")
-    cfg = config_from_bert(hf_model.config)
-    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    words = src["bert.embeddings.word_embeddings.weight"]
-    if not torch.equal(src["cls.predictions.decoder.weight"], words):
-        raise AtencionError("BERT import: cls.predictions.decoder.weight differs from the word embeddings "
-                            "(tie_word_embeddings=False); atencion's MLM head is tied to them")
-    out = import_tensors(name_map(cfg), src)
-    out["mlm_head.weight"] = out["encoder.embed.weight"]  # tied (quirk 3)
-    model = Transformer(cfg)
-    return load_complete(model, out, "BERT import").eval()
+    cfg = import_config(hf_model.config, type(hf_model).__name__)
+    cfg, out = import_state(cfg, {k: v.detach() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "BERT import").eval()
 
 
 def to_bert(model: Transformer):

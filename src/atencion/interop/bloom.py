@@ -20,6 +20,8 @@ cannot be expressed by atencion's blocks and is refused.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
@@ -33,6 +35,8 @@ from .common import (
     require_paper_blocks,
     weight_and_bias,
 )
+
+MODEL_TYPE = "bloom"
 
 
 def _token_id(value, vocab_size: int, default: int) -> int:
@@ -94,16 +98,25 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
     return pairs
 
 
+def import_config(hf_config, architecture: str = "BloomForCausalLM") -> ModelConfig:
+    """The atencion config of a ``BloomForCausalLM``."""
+    return config_from_bloom(hf_config)
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (Bloom's names, as stored)."""
+    out = import_tensors(name_map(cfg), state)
+    if cfg.tie_output:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    return cfg, out
+
+
 def from_bloom(hf_model) -> Transformer:
     """An atencion Transformer (eval mode) computing the same logits as ``hf_model`` (a
     BloomForCausalLM) on unpadded inputs."""
-    cfg = config_from_bloom(hf_model.config)
-    model = Transformer(cfg)
-    src = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    out = import_tensors(name_map(cfg), src)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
-    return load_complete(model, out, "Bloom import").eval()
+    cfg = import_config(hf_model.config)
+    cfg, out = import_state(cfg, {k: v.detach().float() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "Bloom import").eval()
 
 
 def check_bloom_compatible(cfg: ModelConfig) -> None:

@@ -4,7 +4,13 @@ parameter.
 
 A new family: one module here with its name map, its config translation, and one entry in
 interop/__init__.py's table. The name map is a list of :class:`Pair`; :func:`import_tensors`
-reads it from Hugging Face to atencion, :func:`export_tensors` from atencion to Hugging Face."""
+reads it from Hugging Face to atencion, :func:`export_tensors` from atencion to Hugging Face.
+To read a Hugging Face model directory without building transformers' model (interop/hf_dir.py),
+the module also names its ``MODEL_TYPE`` (config.json's ``model_type``) and splits its importer
+in two: ``import_config(hf_config, architecture)`` (the ModelConfig of that class) and
+``import_state(cfg, state)`` (the atencion tensors from any mapping of Hugging Face names, a
+model's state dict or a checkpoint read tensor by tensor); ``TIED`` names the tensors a saved
+checkpoint leaves out because they are another one."""
 
 from __future__ import annotations
 
@@ -82,6 +88,16 @@ def export_tensors(name_map: list[Pair], state: dict[str, Tensor],
         parts = value.split(list(pair.sizes)) if pair.sizes else value.chunk(len(names))
         out.update(zip(names, parts) if len(names) > 1 else [(names[0], value)])
     return out
+
+
+def classifier_values(hf_config, pooling: str) -> dict:
+    """The ModelConfig values of a ``*ForSequenceClassification``'s head: ``num_labels``, its
+    label names (``id2label``, in id order) and where it reads (``pooling``)."""
+    n = int(hf_config.num_labels)
+    id2label = getattr(hf_config, "id2label", None) or {}
+    labels = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n)]
+    return {"task": "classify", "num_labels": n, "pooling": pooling,
+            "labels": labels if len(set(labels)) == n else None}
 
 
 def require(cfg, settings: list[tuple[str, object]], who: str, target: str) -> None:

@@ -11,16 +11,33 @@ table, unscaled embeddings, a final LayerNorm and an LM head tied to the token t
 
 GPT-2 has no padding mask here: compare unpadded inputs (or right-padded ones, whose real
 positions the causal mask keeps from seeing the pads).
+
+``GPT2ForSequenceClassification`` is the same decoder with a classification head reading the
+last real token (``pooling: last``) through ``score``, a linear layer without bias (its bias
+here is zeros); its padding id is the config's ``pad_token_id``.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks, weight_and_bias
+from .common import (
+    Pair,
+    classifier_values,
+    export_tensors,
+    import_tensors,
+    load_complete,
+    require,
+    require_paper_blocks,
+    weight_and_bias,
+)
+
+MODEL_TYPE = "gpt2"
 
 # GPT-2's activation names → atencion's; "gelu_new" (GPT-2's) and "gelu_pytorch_tanh" are both
 # the tanh approximation, equal to within float rounding
@@ -101,16 +118,32 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
     return pairs
 
 
-def from_gpt2(hf_model) -> Transformer:
-    """An atencion Transformer (eval mode) computing the same logits as ``hf_model`` (a
-    GPT2LMHeadModel)."""
-    cfg = config_from_gpt2(hf_model.config)
-    model = Transformer(cfg)
-    src = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    out = import_tensors(name_map(cfg), src)
+def import_config(hf_config, architecture: str = "GPT2LMHeadModel") -> ModelConfig:
+    """The atencion config of a GPT-2 of class ``architecture``: a language model, or a
+    classifier (its output projection, unused, tied)."""
+    cfg = config_from_gpt2(hf_config)
+    if architecture == "GPT2ForSequenceClassification":
+        cfg = dataclasses.replace(cfg, tie_output=True, **classifier_values(hf_config, "last"))
+    return cfg
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (GPT-2's names, as stored)."""
+    out = import_tensors(name_map(cfg), state)
     if cfg.tie_output:
         out["generator.weight"] = out["decoder.embed.weight"]
-    return load_complete(model, out, "GPT-2 import").eval()
+    if cfg.num_labels:
+        out["classifier.linear.weight"] = score = state["score.weight"]
+        out["classifier.linear.bias"] = score.new_zeros(cfg.num_labels)  # GPT-2's score has no bias
+    return cfg, out
+
+
+def from_gpt2(hf_model) -> Transformer:
+    """An atencion Transformer (eval mode) computing the same logits as ``hf_model`` (a
+    GPT2LMHeadModel, or a GPT2ForSequenceClassification's classification logits)."""
+    cfg = import_config(hf_model.config, type(hf_model).__name__)
+    cfg, out = import_state(cfg, {k: v.detach().float() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "GPT-2 import").eval()
 
 
 def check_gpt2_compatible(cfg: ModelConfig) -> None:

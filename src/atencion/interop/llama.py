@@ -30,11 +30,14 @@ without a padding id (Llama has none), EOS pads.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
 from .common import Pair, export_tensors, import_tensors, load_complete, require
 
+MODEL_TYPE = ("llama", "mistral", "qwen2")
 _FROM_HF_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 _ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -217,16 +220,26 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
     return pairs
 
 
+def import_config(hf_config, architecture: str = "LlamaForCausalLM") -> ModelConfig:
+    """The atencion config of a ``LlamaForCausalLM``, ``MistralForCausalLM`` or
+    ``Qwen2ForCausalLM`` (the family is the config's ``model_type``)."""
+    return config_from_llama(hf_config)
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (the Llama family's names, as stored)."""
+    out = import_tensors(name_map(cfg), state)
+    if cfg.tie_output:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    return cfg, out
+
+
 def from_llama(hf_model) -> Transformer:
     """A decoder-only atencion Transformer (in eval mode) computing the same logits as
     ``hf_model``, a LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM."""
-    cfg = config_from_llama(hf_model.config)
-    model = Transformer(cfg)
-    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    out = import_tensors(name_map(cfg), src)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
-    return load_complete(model, out, f"{_CLASSES[hf_model.config.model_type]} import").eval()
+    cfg, out = import_state(import_config(hf_model.config, type(hf_model).__name__),
+                            {k: v.detach() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, f"{_CLASSES[hf_model.config.model_type]} import").eval()
 
 
 def _export(model: Transformer, family: str):

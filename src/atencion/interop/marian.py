@@ -32,6 +32,13 @@ from ..errors import AtencionError
 from ..nn.transformer import Transformer
 from .common import Pair, export_tensors, import_tensors, load_complete, require_paper_blocks, weight_and_bias
 
+MODEL_TYPE = "marian"
+# what a saved checkpoint leaves out: the embedding tables are ``shared`` (when they are one), and the
+# output projection is the decoder's table
+TIED = {"model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+        "lm_head.weight": "model.decoder.embed_tokens.weight"}
+
 
 def marian_to_paper_permutation(d_model: int) -> Tensor:
     """``perm`` such that paper_features = marian_features[..., perm]."""
@@ -121,12 +128,20 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
                     Pair("generator.bias", "final_logits_bias", lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))]
 
 
+def import_config(hf_config, architecture: str = "MarianMTModel") -> ModelConfig:
+    """The atencion config of a ``MarianMTModel``."""
+    return config_from_marian(hf_config)
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (Marian's names, as stored)."""
+    return cfg, import_tensors(name_map(cfg), state)
+
+
 def from_marian(hf_model) -> Transformer:
     """An atencion Transformer computing the same logits as ``hf_model`` (a MarianMTModel)."""
-    cfg = config_from_marian(hf_model.config)
-    model = Transformer(cfg)
-    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    return load_complete(model, import_tensors(name_map(cfg), src), "Marian import")
+    cfg, out = import_state(import_config(hf_model.config), {k: v.detach() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "Marian import")
 
 
 MARIAN_LAYER_NORM_EPS = 1e-5

@@ -17,6 +17,8 @@ in layout or need refusing:
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
@@ -33,6 +35,8 @@ from .common import (
 
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
+
+MODEL_TYPE = "gpt_neox"
 
 
 def _rope(c) -> dict:
@@ -136,7 +140,7 @@ def neox_config(cfg: ModelConfig):
     )
 
 
-def _head_name(state: dict) -> str:
+def _head_name(state) -> str:
     """The output projection's name: ``lm_head`` (transformers 5) or ``embed_out`` (before)."""
     return "embed_out" if "embed_out.weight" in state else "lm_head"
 
@@ -161,16 +165,24 @@ def name_map(cfg: ModelConfig, head: str = "lm_head") -> list[Pair]:
     return pairs
 
 
+def import_config(hf_config, architecture: str = "GPTNeoXForCausalLM") -> ModelConfig:
+    """The atencion config of a ``GPTNeoXForCausalLM``."""
+    return config_from_neox(hf_config)
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """``cfg`` and the atencion tensors read from ``state`` (NeoX's names, as stored)."""
+    out = import_tensors(name_map(cfg, _head_name(state)), state)
+    if cfg.tie_output:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    return cfg, out
+
+
 def from_neox(hf_model) -> Transformer:
     """A decoder-only atencion Transformer (in eval mode) computing the same logits as
     ``hf_model``, a ``GPTNeoXForCausalLM``."""
-    cfg = config_from_neox(hf_model.config)
-    model = Transformer(cfg)
-    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    out = import_tensors(name_map(cfg, _head_name(src)), src)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
-    return load_complete(model, out, "GPT-NeoX import").eval()
+    cfg, out = import_state(import_config(hf_model.config), {k: v.detach() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "GPT-NeoX import").eval()
 
 
 def to_neox(model: Transformer):

@@ -33,6 +33,10 @@ from .common import Pair, export_tensors, import_tensors, load_complete, require
 
 # atencion activation ↔ T5's feed_forward_proj (transformers' ACT2FN names)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
+
+MODEL_TYPE = "t5"
+# what a saved checkpoint leaves out: the embedding tables and the output projection are ``shared``
+TIED = {"lm_head.weight": "shared.weight"}
 _FROM_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 
 
@@ -164,18 +168,28 @@ def name_map(cfg: ModelConfig) -> list[Pair]:
     return pairs
 
 
+def import_config(hf_config, architecture: str = "T5ForConditionalGeneration") -> ModelConfig:
+    """The atencion config of a ``T5ForConditionalGeneration``."""
+    return config_from_t5(hf_config)
+
+
+def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``cfg`` (untied if the checkpoint's ``lm_head`` is not ``shared``: older transformers) and
+    the atencion tensors read from ``state`` (T5's names, as stored)."""
+    shared, head = state["shared.weight"], state["lm_head.weight"]
+    if not torch.equal(head, shared):
+        cfg = dataclasses.replace(cfg, tie_output=False)  # an untied head (older transformers): keep it
+    out = import_tensors(name_map(cfg), state)
+    out["encoder.embed.weight"] = out["decoder.embed.weight"] = shared
+    out["generator.weight"] = head if not cfg.tie_output else shared
+    return cfg, out
+
+
 def from_t5(hf_model) -> Transformer:
     """An atencion Transformer (in eval mode) computing the same logits as ``hf_model``, a
     ``T5ForConditionalGeneration``."""
-    cfg = config_from_t5(hf_model.config)
-    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    if not torch.equal(src["lm_head.weight"], src["shared.weight"]):
-        cfg = dataclasses.replace(cfg, tie_output=False)  # an untied head (older transformers): keep it
-    model = Transformer(cfg)
-    out = import_tensors(name_map(cfg), src)
-    out["encoder.embed.weight"] = out["decoder.embed.weight"] = src["shared.weight"]
-    out["generator.weight"] = src["lm_head.weight"] if not cfg.tie_output else src["shared.weight"]
-    return load_complete(model, out, "T5 import").eval()
+    cfg, out = import_state(import_config(hf_model.config), {k: v.detach() for k, v in hf_model.state_dict().items()})
+    return load_complete(Transformer(cfg), out, "T5 import").eval()
 
 
 def to_t5(model: Transformer):

@@ -19,7 +19,16 @@ Seams for what comes next:
   every architecture module so that the table is full whatever was imported first;
 - ``directory_kind`` tells an atencion directory from a Hugging Face one (config.json with a
   ``model_type``) and from a directory of several towers (``towers.json``, as CLIP's image and
-  text encoders); ``load_model`` reads the first and says in one line what the others are.
+  text encoders); ``load_model`` reads the first two and says in one line what the third is.
+  A kind of directory another library writes is read by the module that knows that library's
+  names (``READERS``: a Hugging Face directory by interop/hf_dir.py, which maps each family's
+  tensors onto atencion's); that module sits above nn, so it is imported on first use, as
+  config.py imports nn/positional.py.
+
+A model is built with its parameters on the meta device (no memory, no initialisation) and
+then given the tensors read from the file (``model_from_tensors``): no parameter is allocated
+and initialised only to be overwritten, and a checkpoint keeps its stored dtype until
+``load_model``'s ``dtype`` (float32 unless told otherwise) is applied.
 """
 
 from __future__ import annotations
@@ -27,8 +36,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
+from importlib import import_module
 from pathlib import Path
 
 import torch
@@ -55,6 +67,7 @@ from .quantize import quantize_int8
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's table of tensor → shard (Hugging Face)
 LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
 TOWERS_FILE = "towers.json"
 
@@ -80,6 +93,74 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return ARCHS[cfg.arch](cfg)
 
 
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Within: every parameter a module registers goes to the meta device (its initialisation
+    costs nothing), while buffers (position tables, RoPE frequencies) are computed as usual.
+    accelerate's ``init_empty_weights`` does the same."""
+    register = nn.Module.register_parameter
+    moved: dict[int, tuple[weakref.ref, nn.Parameter]] = {}  # id of an original → (the original, its meta twin)
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:  # one registered twice (tied) gets the same twin
+            seen = moved.get(id(param))
+            if seen is None or seen[0]() is not param:  # an id may be reused once its original is gone
+                seen = moved[id(param)] = (weakref.ref(param), nn.Parameter(param.to("meta"), param.requires_grad))
+            param = seen[1]
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.PathLike, config: os.PathLike,
+                       expect: type | None = None) -> nn.Module:
+    """The model of ``cfg`` holding ``tensors`` (one per parameter or saved buffer; tied
+    parameters under their first name, or under each when the tensors are equal), in their dtype
+    and on their device; the model is built without memory for its parameters
+    (``_parameters_on_meta``), and ``tensors`` is emptied as it takes them, each freed once copied.
+    ``where`` (the weights) and ``config`` name the files in messages: a missing or unexpected
+    tensor, a shape the config does not give, a non-finite value. ``expect``: refuse, in one
+    line, a model that is not of this class."""
+    with _parameters_on_meta():
+        model = build_model(cfg)
+    _check_class(model, config, expect)
+    canonical = model._canonical_names()
+    expected = {name for name, first in canonical.items() if name == first}
+    twice = {name: canonical[name] for name in tensors if canonical.get(name, name) != name}  # tied, given again
+    for name, first in twice.items():
+        if first in tensors and tensors[name] is not tensors[first] and not torch.equal(tensors[name], tensors[first]):
+            raise AtencionError(f"{where}: {name!r} and {first!r} are one tensor in this model (tied) but differ "
+                                f"in the file")
+    for name in twice:
+        del tensors[name]
+    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    if missing or unexpected:
+        raise AtencionError(f"{where}: weights do not match {config}; missing {missing[:5]}, "
+                            f"unexpected {unexpected[:5]}")
+    state = model.state_dict()
+    for name in expected:
+        if tuple(tensors[name].shape) != tuple(state[name].shape):
+            raise AtencionError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                                f"the config expects {tuple(state[name].shape)}")
+    bad = non_finite(tensors)
+    if bad:
+        raise AtencionError(f"{where}: {bad}; this model diverged in training and cannot be used "
+                            f"(take an earlier checkpoint)")
+    # each copied once into memory of its own: a tensor read from a file may be a view of its bytes (memory-mapped,
+    # read-only) that lies off the alignment vectorised kernels expect, and they would sum in another order there
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # the rest: saved buffers
+    owned = {}
+    for name in sorted(expected):
+        tensor = tensors.pop(name).clone(memory_format=torch.contiguous_format)
+        owned[name] = nn.Parameter(tensor) if name in parameters else tensor  # a tied one is one Parameter
+    model.load_state_dict({name: owned[first] for name, first in canonical.items()}, assign=True)
+    return model
+
+
 # which kind of directory ------------------------------------------------------------------------
 
 
@@ -97,16 +178,25 @@ def directory_kind(directory: str | os.PathLike) -> str:
     return "huggingface" if isinstance(config, dict) and "model_type" in config else "atencion"
 
 
-def _refuse_other_kinds(directory: Path) -> None:
+# kind → the module that reads it: ``read_config(directory)`` and ``read_model(directory)``
+READERS = {"huggingface": "..interop.hf_dir"}
+
+
+def _reader(directory: Path):
+    """The module that reads ``directory``, if another library wrote it; None for an atencion
+    directory. A directory of several towers is refused in one line."""
     kind = directory_kind(directory)
-    if kind == "huggingface":
-        model_type = read_json(directory / CONFIG_FILE, "config")["model_type"]
-        raise AtencionError(f"{directory}: a Hugging Face model directory (config.json has model_type "
-                            f"{model_type!r}), not an atencion one; load it with transformers and convert it "
-                            f"with atencion.interop.from_hf")
     if kind == "towers":
         raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model; "
                             f"give one tower's directory")
+    return import_module(READERS[kind], __package__) if kind in READERS else None
+
+
+def load_config(directory: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of the model directory ``directory``, of any kind, without its weights."""
+    directory = Path(directory)
+    reader = _reader(directory)
+    return reader.read_config(directory) if reader is not None else ModelConfig.load(directory / CONFIG_FILE)
 
 
 # the model: config.json + model.safetensors, or LoRA adapters over a base -------------------------
@@ -133,43 +223,33 @@ def save_model(model: nn.Module, directory: str | os.PathLike) -> None:
 
 
 def load_model(directory: str | os.PathLike, map_location: str | torch.device = "cpu",
-               expect: type | None = None) -> nn.Module:
+               expect: type | None = None, dtype: torch.dtype | None = torch.float32) -> nn.Module:
     """The model saved in ``directory`` by :func:`save_model`, of the architecture its config
-    names; ``expect``: refuse, in one line, one that is not of this class."""
+    names, or the model of a Hugging Face directory, converted (``READERS``); ``expect``:
+    refuse, in one line, one that is not of this class. ``dtype``: what its floating-point
+    tensors become (None: as stored, e.g. a Hugging Face checkpoint's bfloat16)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingFileError(f"{directory}: model directory not found")
-    _refuse_other_kinds(directory)
-    if (directory / LORA_FILE).is_file():
-        return _load_adapted(directory, map_location, expect)
-    model = build_model(ModelConfig.load(directory / CONFIG_FILE))
-    _check_class(model, directory, expect)
-    path = directory / WEIGHTS_FILE
-    if not path.is_file():
-        raise MissingFileError(f"{path}: model weights not found")
-    try:
-        tensors = rename_legacy(load_file(str(path), device=str(map_location)))
-    except Exception as err:  # safetensors raises its own error types for damaged files
-        raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
-    canonical = model._canonical_names()
-    expected = {name for name, first in canonical.items() if name == first}
-    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-    if missing or unexpected:
-        raise AtencionError(f"{path}: weights do not match {directory / CONFIG_FILE}; "
-                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    state = model.state_dict()
-    for name, first in canonical.items():
-        if tuple(tensors[first].shape) != tuple(state[name].shape):
-            raise AtencionError(f"{path}: tensor {first!r} has shape {tuple(tensors[first].shape)}, "
-                                f"the config expects {tuple(state[name].shape)}")
-    bad = non_finite(tensors)
-    if bad:
-        raise AtencionError(f"{path}: {bad}; this model diverged in training and cannot be used "
-                            f"(take an earlier checkpoint)")
-    model.load_state_dict({name: tensors[first] for name, first in canonical.items()})
-    return model
+    reader = _reader(directory)
+    if reader is not None:
+        model = reader.read_model(directory)
+        _check_class(model, directory / CONFIG_FILE, expect)
+    elif (directory / LORA_FILE).is_file():
+        model = _load_adapted(directory, map_location, expect)
+    else:
+        cfg = ModelConfig.load(directory / CONFIG_FILE)
+        path = directory / WEIGHTS_FILE
+        if not path.is_file():
+            raise MissingFileError(f"{path}: model weights not found")
+        try:
+            tensors = rename_legacy(load_file(str(path), device=str(map_location)))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
+        model = model_from_tensors(cfg, tensors, path, directory / CONFIG_FILE, expect)
+    return model.to(map_location, dtype) if dtype is not None else model.to(map_location)
 
 
 def rename_legacy(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -178,9 +258,9 @@ def rename_legacy(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {name.replace(".res_attn.", ".res_self."): value for name, value in state.items()}
 
 
-def _check_class(model: nn.Module, directory: Path, expect: type | None) -> None:
+def _check_class(model: nn.Module, where, expect: type | None) -> None:
     if expect is not None and not isinstance(model, expect):
-        raise AtencionError(f"{directory / CONFIG_FILE}: arch {model.cfg.arch!r} is a {type(model).__name__}, "
+        raise AtencionError(f"{where}: arch {model.cfg.arch!r} is a {type(model).__name__}, "
                             f"not a {expect.__name__}; load it with atencion.load")
 
 
@@ -209,7 +289,7 @@ def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Modu
         raise AtencionError(f"{directory / LORA_FILE}: its base {base_dir} is itself a LoRA model; "
                             f"a base must hold plain weights")
     model = build_model(ModelConfig.load(directory / CONFIG_FILE)).to(map_location)
-    _check_class(model, directory, expect)
+    _check_class(model, directory / CONFIG_FILE, expect)
     new = model.start_from(load_model(base_dir, map_location, expect), f"{directory / LORA_FILE}: base {base_dir}")
     names = apply_lora(model, spec, base_dir, record["base_sha256"], trainable=new)
     if names != record["modules"]:
@@ -252,13 +332,33 @@ def non_finite(tensors: dict[str, Tensor]) -> str | None:
 # LoRA's base, named by lora.json ------------------------------------------------------------------
 
 
+def weights_files(directory: str | os.PathLike) -> list[Path]:
+    """The files that hold a directory's weights: model.safetensors, or the shards that a sharded
+    Hugging Face checkpoint's model.safetensors.index.json names, each there (a missing one is
+    named)."""
+    directory = Path(directory)
+    if (directory / WEIGHTS_FILE).is_file() or not (directory / INDEX_FILE).is_file():
+        if not (directory / WEIGHTS_FILE).is_file():
+            raise MissingFileError(f"{directory / WEIGHTS_FILE}: model weights not found (nor {INDEX_FILE})")
+        return [directory / WEIGHTS_FILE]
+    index = read_json(directory / INDEX_FILE, "sharded checkpoint index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise AtencionError(f"{directory / INDEX_FILE}: its \"weight_map\" must map each tensor to a shard file")
+    shards = [directory / name for name in sorted(set(weight_map.values()))]
+    for shard in shards:
+        if shard.parent != directory or not shard.is_file():
+            raise MissingFileError(f"{shard}: shard not found ({directory / INDEX_FILE} names it)")
+    return shards
+
+
 def weights_checksum(directory: str | os.PathLike) -> str:
-    """SHA-256 of a model directory's model.safetensors."""
-    path = Path(directory) / WEIGHTS_FILE
+    """SHA-256 of a model directory's weights: model.safetensors, or its shards in order."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    for path in weights_files(directory):
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -278,9 +378,11 @@ def check_base(directory: Path, record: dict) -> Path:
     """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
     present and with the weights the adapters were trained on."""
     base = Path(record["base"])
-    if not (base / WEIGHTS_FILE).is_file():
+    try:
+        weights_files(base)
+    except MissingFileError:
         raise MissingFileError(f"{directory / LORA_FILE}: its base model {base} is missing (no {WEIGHTS_FILE}); "
-                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}")
+                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}") from None
     if weights_checksum(base) != record["base_sha256"]:
         raise AtencionError(f"{directory / LORA_FILE}: the base model {base} has changed since these adapters "
                             f"were trained (SHA-256 of {WEIGHTS_FILE} differs); the adapters fit only the "
@@ -292,12 +394,18 @@ def check_base(directory: Path, record: dict) -> Path:
 
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
-                   what: str = "--model", merge: bool = True) -> tuple[nn.Module, Tokenizer]:
-    """The model (in eval mode) and tokenizer of the model directory ``path``; ``what`` names
-    the option it came from in messages. The tokenizer's vocabularies must be the model's. The
-    LoRA adapters of an adapted model are folded into its weights unless ``merge`` is False."""
+                   what: str = "--model", merge: bool = True,
+                   dtype: torch.dtype | None = torch.float32) -> tuple[nn.Module, Tokenizer]:
+    """The model (in eval mode) and tokenizer of the model directory ``path``, atencion's or
+    Hugging Face's (converted); ``what`` names the option it came from in messages. The
+    tokenizer's vocabularies must be the model's. The LoRA adapters of an adapted model are
+    folded into its weights unless ``merge`` is False. ``dtype``: that of the model's tensors
+    (None: as stored)."""
     path = need_dir(path, what)
-    model = load_model(path, map_location=resolve_device(device)).eval()
+    if directory_kind(path) == "huggingface" and not any((path / name).is_file() for name in (INFO_FILE, "source.spm")):
+        raise MissingFileError(f"{path / INFO_FILE}: not found; a Hugging Face model directory needs its tokenizer "
+                               f"(tokenizer.json, or Marian's source.spm, target.spm and vocab.json)")
+    model = load_model(path, map_location=resolve_device(device), dtype=dtype).eval()
     if merge:
         merge_lora(model)
     tokenizer = Tokenizer.load(path)
@@ -329,12 +437,33 @@ def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
     return merged.num_parameters()
 
 
+def import_dir(model: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """`atencion import`: convert the Hugging Face model directory ``model`` once into an atencion
+    model directory ``out`` (new or empty): config.json, model.safetensors under atencion's names
+    in the stored dtype, and the tokenizer's files as they were. Returns what was written."""
+    model_dir = need_dir(model, "DIR")
+    if directory_kind(model_dir) != "huggingface":
+        raise AtencionError(f"{model_dir}: not a Hugging Face model directory (its {CONFIG_FILE} has no "
+                            f"model_type); an atencion directory needs no import")
+    out = need_output_dir(out, "--out")
+    converted, tokenizer = load_model_dir(model_dir, what="DIR", dtype=None)
+    save_model_dir(out, converted, tokenizer)
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in converted.parameters()})
+    return {"imported": str(model_dir), "out": str(out), "arch": converted.cfg.arch, "task": converted.cfg.task,
+            "parameters": converted.num_parameters(), "dtype": "/".join(dtypes)}
+
+
 def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:
-    """The tokenizer's vocabularies must be the sizes the model's config gives."""
+    """The tokenizer's vocabularies must be the sizes the model's config gives; one of another
+    library (``Tokenizer.foreign``) must fit in them (Hugging Face's models often round their
+    embedding tables up)."""
     cfg = model.cfg
     for side, pieces, key, size in (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),
                                      ("target", tokenizer.tgt_vocab_size, "tgt_vocab_size", cfg.target_vocab_size)):
-        if pieces != size:
+        if tokenizer.foreign and pieces > size:
+            raise AtencionError(f"{path}: the {side} tokenizer has {pieces} tokens but the model's {key} is "
+                                f"{size}; the files come from different models")
+        if not tokenizer.foreign and pieces != size:
             shown = key if key == "vocab_size" or cfg.tgt_vocab_size is not None else "vocab_size"
             raise AtencionError(f"{path / INFO_FILE}: the {side} tokenizer has {pieces} pieces but "
                                 f"{path / CONFIG_FILE} line {json_line(path / CONFIG_FILE, shown)} gives the "

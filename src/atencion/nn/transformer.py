@@ -161,12 +161,13 @@ class MaskedLMHead(nn.Module):
 class ClassificationHead(nn.Module):
     """Sequence classification: the output of the first token (BERT's [CLS]), of the last real
     token (GPT's: the only one that has seen the whole sentence under a causal mask), or the
-    mean over the real tokens (``pooling``), through dropout and one linear layer to
-    ``num_labels`` logits."""
+    mean over the real tokens (``pooling``), with BERT's pooler tanh(W·x + b) if ``pooler``,
+    through dropout and one linear layer to ``num_labels`` logits."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pooling = cfg.pooling
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         self.dropout = Dropout(cfg.dropout)
         self.linear = nn.Linear(cfg.d_model, cfg.num_labels)
 
@@ -180,6 +181,8 @@ class ClassificationHead(nn.Module):
         else:
             weights = real.to(hidden.dtype)[:, :, None]
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
         return self.linear(self.dropout(pooled))
 
 

@@ -46,7 +46,7 @@ from ..tasks.base import sentence_ids
 from ..tasks.classify import classify_probabilities, label_names, prediction
 from ..tasks.lm import check_prompt, generate_text
 from ..tasks.mlm import fill_mask, masked_ids
-from .batching import Batcher, Job, QueueFull, Worker, resolve
+from .batching import Batcher, Job, QueueFull, Worker, attention_json, resolve
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
@@ -243,6 +243,14 @@ class FillMaskRequest(RequestBody):
     top_k: int = Field(5, ge=1, le=100)
 
 
+class AttentionRequest(RequestBody):
+    """POST /attention: see ``viz.attention.capture_self_attention``."""
+
+    text: str
+    model: str | None = None
+    max_new_tokens: int = Field(0, ge=0, le=64)
+
+
 class ClassifyRequest(RequestBody):
     """POST /classify: see ``tasks.classify.classify_probabilities``."""
 
@@ -360,6 +368,19 @@ async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict
     return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
 
 
+async def _attention(body: AttentionRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    """A GPT's or a BERT's self-attention over ``text`` (and a GPT's greedy new tokens after it)."""
+    from ..viz.attention import capture_self_attention, self_attention_ids
+
+    ctx.check_length("text", body.text)
+    with _unprocessable():
+        tokens = len(self_attention_ids(m.model, m.tokenizer, body.text)) + body.max_new_tokens
+    ctx.check_length("text", body.text, tokens)
+    attention = await ctx.run(m, lambda: capture_self_attention(m.model, m.tokenizer, body.text, body.max_new_tokens))
+    return {"model": m.name, "text": attention.text, "generated": attention.generated,
+            "attention": attention_json(attention)}
+
+
 def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
     """The endpoint of a task's use (tasks.USES): what it needs and which models can answer it
     come from the task's spec; a translator answers /translate only."""
@@ -382,6 +403,8 @@ MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
                    server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
     _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
     _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)}),
+    Endpoint("attention", AttentionRequest, "a GPT or a BERT (arch decoder or encoder; a translator's attention comes "
+             "with /translate and attention: true)", lambda m: m.arch in ("encoder", "decoder"), _attention),
 )
 
 

@@ -151,17 +151,21 @@ class Batcher:
 
     def _attention(self, sentence: str, best: Translation) -> dict[str, Any]:
         from ..viz.attention import capture_attention, word_alignment
-        from ..viz.report import bertviz_data
 
         attention = capture_attention(self.model, self.tokenizer, sentence, best.tokens)
-        words = attention.to_words()
+        return {**attention_json(attention), "alignment": sorted([i, j] for i, j in word_alignment(attention.cross))}
 
-        def maps(a):
-            return {kind: {"rows": m.rows, "cols": m.cols, "weights": m.weights.round(5).tolist()}
-                    for kind, m in a.maps().items()}
 
-        return {"bertviz": bertviz_data(attention), "pieces": maps(attention), "words": maps(words),
-                "alignment": sorted([i, j] for i, j in word_alignment(attention.cross))}
+def attention_json(attention) -> dict[str, Any]:
+    """A capture's maps as the page reads them: BertViz's layout, and each kind's rows, columns
+    and weights (layers × heads × rows × columns) in pieces and in words."""
+    from ..viz.report import bertviz_data
+
+    def maps(a):
+        return {kind: {"rows": m.rows, "cols": m.cols, "weights": m.weights.round(5).tolist()}
+                for kind, m in a.maps().items()}
+
+    return {"bertviz": bertviz_data(attention), "pieces": maps(attention), "words": maps(attention.to_words())}
 
 
 class Worker:

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ModelConfig
 from ..errors import AtencionError
 from ..fileio import need_dir
-from ..nn.model_dir import CONFIG_FILE
+from ..nn.model_dir import load_config
 from . import classify, lm, mlm, translate  # noqa: F401  (each registers its SPEC)
 from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
 
@@ -45,7 +44,7 @@ def evaluate(model: str, warn=None, **options: Any) -> dict:
     max_input_tokens, decode, ...; None: not given): one that belongs to another task's models
     is refused, as is a missing one the task needs."""
     model_dir = need_dir(model, "--model")
-    cfg = ModelConfig.load(model_dir / CONFIG_FILE)
+    cfg = load_config(model_dir)
     spec = TASKS[model_task(cfg)]
     for option in dict.fromkeys(o for s in TASKS.values() for o in s.evaluate_options):
         if options.get(option) is not None and option not in spec.evaluate_options:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..data.batching import token_batches
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_text
+from ..data.tokenizer import PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -204,8 +204,8 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def pad_rows(rows: list[list[int]]) -> Tensor:
-    ids = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+def pad_rows(rows: list[list[int]], pad_id: int = PAD_ID) -> Tensor:
+    ids = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
     return ids
@@ -213,15 +213,18 @@ def pad_rows(rows: list[list[int]]) -> Tensor:
 
 def sentence_ids(model, tokenizer: Tokenizer, texts: list[str], max_tokens: int = 0,
                  where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> list[list[int]]:
-    """``<s> pieces </s>`` of each stripped text (as the mlm and classify tasks read their data),
-    refusing one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces
-    (0: no limit) or beyond a learned position table, named by ``where(index)``."""
+    """Each stripped text as a model reads a sentence (``Tokenizer.sentence``: ``<s> pieces </s>``,
+    as the mlm and classify tasks read their data, or a Hugging Face tokenizer's own), refusing
+    one that is not valid Unicode (``check_text``), of more than ``max_tokens`` pieces (0: no
+    limit) or beyond a learned position table, named by ``where(index)``."""
     limit = position_limit(model.cfg)
+    added = len(tokenizer.sentence(""))  # the special tokens around a sentence
     out = []
     for i, text in enumerate(texts):
-        ids = [BOS_ID, *tokenizer.encode(check_text(text, where(i)).strip()), EOS_ID]
-        if max_tokens and len(ids) - 2 > max_tokens:
-            raise AtencionError(f"{where(i)}: {len(ids) - 2} tokens, more than the limit of {max_tokens}")
+        ids = tokenizer.sentence(check_text(text, where(i)).strip())
+        pieces = len(ids) - added
+        if max_tokens and pieces > max_tokens:
+            raise AtencionError(f"{where(i)}: {pieces} tokens, more than the limit of {max_tokens}")
         if limit is not None and len(ids) > limit:
             raise AtencionError(f"{where(i)}: {len(ids)} tokens with <s> and </s>, more than this model's "
                                 f"learned positions (max_positions={limit})")
@@ -242,8 +245,8 @@ def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=No
     lacks and so reads as ``<unk>``: how many, which (in the order they first appear), named by
     ``what`` and, for a list of texts, the line of the first text holding one (``lines``: the
     texts' line numbers; default 1, 2, ...). Nothing for SentencePiece, whose pieces cover what
-    its training text held."""
-    if tokenizer.kind == "sentencepiece":
+    its training text held, nor for a Hugging Face tokenizer."""
+    if tokenizer.kind not in ("char", "whitespace"):
         return
     vocab = tokenizer.src
     many = not isinstance(texts, str)

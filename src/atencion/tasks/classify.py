@@ -19,7 +19,7 @@ from torch import Tensor
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import read_labelled, read_labelled_lines
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..data.tokenizer import PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -78,7 +78,7 @@ class ClassifyTask(Task):
         self._lengths = [(len(e), 0) for e in self.examples]
 
     def _encode(self, rows, name, max_len):
-        kept = [(label, [BOS_ID, *self.tokenizer.encode(text), EOS_ID]) for label, text in rows]
+        kept = [(label, self.tokenizer.sentence(text)) for label, text in rows]
         dropped = sum(1 for _, ids in kept if len(ids) > max_len + 2)
         if dropped:
             log.warning("%s: dropped %d of %d sentences longer than data.max_len=%d tokens", name, dropped,
@@ -95,9 +95,11 @@ class ClassifyTask(Task):
         return self.valid is not None
 
     def make_batch(self, indices, step, part) -> TaskBatch:
-        ids = pad_rows([self.examples[i] for i in indices])
+        pad = self.tokenizer.specials.pad
+        pad = PAD_ID if pad is None else pad
+        ids = pad_rows([self.examples[i] for i in indices], pad)
         labels = torch.tensor([self.targets[i] for i in indices])
-        return TaskBatch(ids, labels, len(indices), int((ids != PAD_ID).sum()))
+        return TaskBatch(ids, labels, len(indices), int((ids != pad).sum()))
 
     def loss(self, forward, model, batch):
         logits = forward(batch.inputs, classify=True).float()
@@ -118,7 +120,8 @@ def classify_logits(model, examples: list[list[int]], max_tokens: int, device) -
     """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``), in their order."""
     out = torch.empty(len(examples), model.cfg.num_labels)
     for group in token_batches([(len(e), 0) for e in examples], max_tokens, seed=None):
-        out[group] = model.classify(pad_rows([examples[i] for i in group]).to(device)).float().cpu()
+        rows = pad_rows([examples[i] for i in group], model.cfg.pad_id)
+        out[group] = model.classify(rows.to(device)).float().cpu()
     return out
 
 

@@ -3,7 +3,11 @@ validated by perplexity and bits per character; a trained model continues a prom
 (``generate_text``; the sampler is decode/sample.py) and is scored on a text (``evaluate_lm``).
 
 A language model reads a token stream with a line break between lines (``text_stream``): a
-character vocabulary keeps the newlines as characters, SentencePiece puts ``</s>`` between lines.
+character vocabulary keeps the newlines as characters, SentencePiece puts ``</s>`` between lines,
+and a Hugging Face tokenizer reads the text whole, newlines and all, as its model was trained.
+A Hugging Face model's generation ends at its end-of-sequence token (generation_config.json's
+``eos_token_id``), as transformers' ``generate`` does; ``generate --chat`` writes the prompt as
+the user's turn through the tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -72,9 +76,12 @@ def refuse_empty_tail(cfg, tail_of: int | None) -> None:
 
 def text_stream(lines: list[str], tokenizer: Tokenizer) -> list[int]:
     """The token stream a language model reads: every character with its newlines (character
-    vocabulary), or each line's pieces followed by ``</s>`` (SentencePiece, which has no newline)."""
+    vocabulary), each line's pieces followed by ``</s>`` (SentencePiece, which has no newline), or
+    the whole text as a Hugging Face tokenizer reads it (its own start token first, if it adds one)."""
     if tokenizer.kind == "char":
         return tokenizer.encode("".join(line + "\n" for line in lines))
+    if tokenizer.foreign:
+        return tokenizer.sentence("".join(line + "\n" for line in lines))
     stream: list[int] = []
     for line in lines:
         stream.extend(tokenizer.encode(line))
@@ -177,10 +184,18 @@ def can_generate(model, tokenizer: Tokenizer) -> bool:
     return model.cfg.arch == "decoder"
 
 
-def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, prompt: str, chat: bool = False) -> list[int]:
     """The ids a language model continues ``prompt`` from, as ``text_stream`` wrote its training
     text: characters with their line breaks, or (SentencePiece) each line's pieces with ``</s>``
-    between lines. An empty prompt is the start of a line: a line break (``</s>``)."""
+    between lines. An empty prompt is the start of a line: a line break (``</s>``). A Hugging Face
+    tokenizer reads the prompt as transformers' tokenizer does (its start token, if it adds one;
+    an empty prompt is that token alone), or, with ``chat`` and a chat template, as the user's
+    turn of a chat."""
+    if tokenizer.foreign:
+        if chat and tokenizer.chat_template is not None:
+            return tokenizer.chat(prompt)
+        start = tokenizer.specials.bos if tokenizer.specials.bos is not None else tokenizer.specials.eos
+        return tokenizer.sentence(prompt) if prompt else [start]
     if tokenizer.kind == "char":
         return tokenizer.encode(prompt or "\n")
     if not prompt:
@@ -192,8 +207,9 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
 
 
 def render(tokenizer: Tokenizer, ids: list[int]) -> str:
-    """The text of a language model's ``ids``: ``</s>`` of a SentencePiece model is a line break."""
-    if tokenizer.kind == "char":
+    """The text of a language model's ``ids``: ``</s>`` of a SentencePiece model is a line break;
+    a Hugging Face tokenizer decodes them, leaving its special tokens out."""
+    if tokenizer.kind == "char" or tokenizer.foreign:
         return tokenizer.decode(ids)
     lines, line = [], []
     for i in ids:
@@ -205,12 +221,13 @@ def render(tokenizer: Tokenizer, ids: list[int]) -> str:
     return "\n".join(tokenizer.decode(piece_ids) for piece_ids in [*lines, line])
 
 
-def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt") -> list[int]:
-    """The prompt's ids, refused in one line naming ``what`` when the prompt is not valid Unicode
-    (``check_text``), encodes to no token (the tokenizer drops each of its characters) or alone
-    does not fit in a learned position table (past it, generation reads the last
-    ``max_positions`` tokens)."""
-    ids = prompt_ids(tokenizer, check_text(prompt, what))
+def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, what: str = "--prompt",
+                 chat: bool = False) -> list[int]:
+    """The prompt's ids (``prompt_ids``), refused in one line naming ``what`` when the prompt is
+    not valid Unicode (``check_text``), encodes to no token (the tokenizer drops each of its
+    characters) or alone does not fit in a learned position table (past it, generation reads the
+    last ``max_positions`` tokens)."""
+    ids = prompt_ids(tokenizer, check_text(prompt, what), chat)
     if not ids:
         raise AtencionError(f"{what}: encodes to no token: this tokenizer drops each of its characters "
                             f"({listing([repr(c) for c in dict.fromkeys(prompt)])}); give text it reads (an empty "
@@ -225,7 +242,7 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
 def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
                   on_text: Callable[[int, str], None] | None = None, what: str = "--prompt",
-                  warn=None, draft=None, draft_tokens: int = 4) -> list[str]:
+                  warn=None, chat: bool = False, draft=None, draft_tokens: int = 4) -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
     batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
     greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it. With a
@@ -237,12 +254,14 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
     growing ids are decoded whole and the new end of the text is handed on, so that SentencePiece's
     word boundaries come out as in the final text. Characters a character vocabulary lacks (read
-    as ``<unk>``) are named once by ``warn(message)``, by default a logging warning."""
+    as ``<unk>``) are named once by ``warn(message)``, by default a logging warning. A Hugging
+    Face model's samples end at its end-of-sequence token (``Tokenizer.specials.stop``); ``chat``:
+    the prompt goes through the tokenizer's chat template, if it has one (``prompt_ids``)."""
     check_model(model, tokenizer, "generate")
     check_sampling(temperature, top_k, top_p)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise AtencionError(f"--num-samples must be a positive integer, got {num_samples!r}")
-    ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what)
+    ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what, chat)
     warn_unseen(tokenizer, prompt, what, warn)
     device = model_device(model)
     generator = torch.Generator(device)
@@ -273,12 +292,13 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
             show()
 
     rows = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    stop = (tokenizer.specials.stop if tokenizer.foreign else None) or None
     if draft is None:
-        generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, on_step=on_step)
+        generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, stop, on_step=on_step)
         return [continuation(row) for row in new]
     for k in range(num_samples):  # one text at a time: each accepts its own number of draft tokens per round
         speculative_ids(model, draft, rows[k:k + 1], max_new_tokens, draft_tokens, temperature, top_k, top_p,
-                        generator, on_step=lambda step, tokens, k=k: on_step(step, tokens, [new[k]]))
+                        generator, stop, on_step=lambda step, tokens, k=k: on_step(step, tokens, [new[k]]))
     return [continuation(row) for row in new]
 
 
@@ -302,7 +322,7 @@ def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_t
 
 def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = None, max_new_tokens: int = 200,
                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                num_samples: int = 1, device: str = "cpu", warn=None, draft: str | None = None,
+                num_samples: int = 1, device: str = "cpu", warn=None, chat: bool = False, draft: str | None = None,
                 draft_tokens: int = 4) -> None:
     """`atencion generate`: write to ``out`` the prompt, its continuation by the model directory
     ``model`` and a line break. One sample is written as it is generated (flushed when ``out``
@@ -313,12 +333,16 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     text comes by speculative decoding (``generate_text``), ``draft_tokens`` proposed per round.
     The settings and every prompt are checked before anything is written. ``warn(message)`` hears
     of bytes of ``input`` that are not UTF-8 (replaced) and, once, of characters a character
-    vocabulary lacks (read as ``<unk>``)."""
+    vocabulary lacks (read as ``<unk>``). ``chat``: each prompt is the user's turn through the
+    tokenizer's chat template (``warn`` hears when it has none: plain text)."""
     check_sampling(temperature, top_k, top_p)
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
     check_model(loaded, tokenizer, "generate")
+    if chat and tokenizer.chat_template is None:
+        (warn or log.warning)(f"--chat: {model} has no chat template (tokenizer_config.json or chat_template.jinja); "
+                              f"the prompt is read as plain text")
     drafting = None
     if draft is not None:
         drafting, draft_tokenizer = load_model_dir(draft, device, what="--draft")
@@ -330,7 +354,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     else:
         prompts = [(prompt, "--prompt")]
     for text, what in prompts:
-        check_prompt(loaded, tokenizer, text, max_new_tokens, what)
+        check_prompt(loaded, tokenizer, text, max_new_tokens, what, chat)
     warn_unseen(tokenizer, [text for text, _ in prompts] if input else prompt, input or "--prompt", warn)
     live = out.isatty()
 
@@ -341,7 +365,7 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
 
     for number, (text, what) in enumerate(prompts, start=1):
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, num_samples=num_samples, what=what, warn=_told, draft=drafting,
+                        seed=seed, num_samples=num_samples, what=what, warn=_told, chat=chat, draft=drafting,
                         draft_tokens=draft_tokens)
         if num_samples == 1:
             out.write(f"--- line {number} ---\n{text}" if input else text)

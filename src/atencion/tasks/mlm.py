@@ -16,7 +16,7 @@ from torch import Tensor
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import mask_tokens
-from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, UNK_ID, Tokenizer, check_text
+from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer, check_text
 from ..errors import AtencionError, Diverged
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
@@ -60,7 +60,7 @@ def encode_sentences(lines: list[str], tokenizer: Tokenizer, max_len: int, name:
         if len(ids) > max_len:
             dropped += 1
             continue
-        out.append([BOS_ID, *ids, EOS_ID])
+        out.append(tokenizer.sentence(line.strip()))
     if dropped:
         log.warning("%s: dropped %d sentences longer than data.max_len=%d tokens", name, dropped, max_len)
     if nothing:
@@ -77,21 +77,28 @@ def encode_sentences(lines: list[str], tokenizer: Tokenizer, max_len: int, name:
 
 class Masker:
     """BERT's masking of padded sentences (``mask_tokens``) for a tokenizer with ``<mask>``:
-    regular tokens and ``<unk>`` can be chosen, the other special tokens never."""
+    regular tokens (those after the last special one) and ``<unk>`` can be chosen, the other
+    special tokens never."""
 
     def __init__(self, tokenizer: Tokenizer, probability: float = 0.15):
         if tokenizer.mask_id is None:
             raise AtencionError("masked language modelling needs a vocabulary with <mask>; this tokenizer has none")
         self.mask_id, self.vocab_size, self.probability = tokenizer.mask_id, tokenizer.vocab_size, probability
-        self.first_regular = max(EOS_ID, self.mask_id) + 1
+        self.first_regular = max(tokenizer.special_ids) + 1
+        specials = tokenizer.specials
+        self.unk = specials.unk if specials.unk is not None else -1
+        self.pad = specials.pad if specials.pad is not None else PAD_ID
+
+    def maskable(self, i: int) -> bool:
+        return i >= self.first_regular or i == self.unk
 
     def can_mask(self, ids: list[int]) -> bool:
         """Whether a sentence's pieces hold one that masking may choose."""
-        return any(i >= self.first_regular or i == UNK_ID for i in ids)
+        return any(self.maskable(i) for i in ids)
 
     def __call__(self, rows: list[list[int]], generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        ids = pad_rows(rows)
-        maskable = (ids >= self.first_regular) | (ids == UNK_ID)
+        ids = pad_rows(rows, self.pad)
+        maskable = (ids >= self.first_regular) | (ids == self.unk)
         return mask_tokens(ids, maskable, self.mask_id, self.first_regular, self.vocab_size, self.probability,
                            generator)
 
@@ -123,7 +130,7 @@ class MLMTask(Task):
     def make_batch(self, indices, step, part) -> TaskBatch:
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step * 1009 + part)
         inputs, targets = self.masker([self.examples[i] for i in indices], generator)
-        return TaskBatch(inputs, targets, int((targets != PAD_ID).sum()), int((inputs != PAD_ID).sum()))
+        return TaskBatch(inputs, targets, int((targets != PAD_ID).sum()), int((inputs != self.masker.pad).sum()))
 
     @torch.no_grad()
     def validate(self, model, device, step):
@@ -161,17 +168,24 @@ def can_fill_mask(model, tokenizer: Tokenizer) -> bool:
 
 def token_text(tokenizer: Tokenizer, i: int) -> str:
     """Token ``i`` as text: a character, or a SentencePiece piece with its word-start mark ``▁``
-    shown as a leading space (" cat" starts a word, "ing" goes on with one); special tokens by name."""
+    shown as a leading space (" cat" starts a word, "ing" goes on with one), or what a Hugging
+    Face tokenizer decodes it to (its fill-mask pipeline's ``token_str``); special tokens by name."""
     piece = tokenizer.piece(i)
+    if tokenizer.foreign:
+        return tokenizer.decode([i]) or piece
     return piece.replace("▁", " ") if tokenizer.kind == "sentencepiece" else piece
 
 
 def masked_ids(tokenizer: Tokenizer, text: str, what: str = "--text") -> list[int]:
     """``<s> pieces </s>`` of ``text`` with ``<mask>`` where the text says ``<mask>``: the pieces
-    between the masks are encoded on their own. Text that is not valid Unicode is refused
-    (``check_text``), naming ``what``."""
-    if MASK not in check_text(text, what):
+    between the masks are encoded on their own. A Hugging Face tokenizer reads the text whole,
+    each ``<mask>`` written as its own mask token (BERT's [MASK], which the text may use too).
+    Text that is not valid Unicode is refused (``check_text``), naming ``what``."""
+    own = tokenizer.piece(tokenizer.mask_id) if tokenizer.foreign else MASK
+    if MASK not in check_text(text, what) and own not in text:
         raise AtencionError(f"{what}: no {MASK} in the text; write {MASK} where a token should be predicted")
+    if tokenizer.foreign:
+        return tokenizer.sentence(text.strip().replace(MASK, own))
     ids = [BOS_ID]
     for number, part in enumerate(text.strip().split(MASK)):
         ids.extend(([tokenizer.mask_id] if number else []) + tokenizer.encode(part))
@@ -245,7 +259,7 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
                            lambda i: f"{what} line {numbers[i]}")
     warn_unseen(tokenizer, [line.strip() for line in lines], what, warn)
     masker = Masker(tokenizer, probability)
-    has_token = [any(i >= masker.first_regular or i == UNK_ID for i in e) for e in encoded]  # the maskable
+    has_token = [masker.can_mask(e) for e in encoded]
     examples = [e for e, keep in zip(encoded, has_token) if keep]
     left_out = [n for n, keep in zip(numbers, has_token) if not keep]
     if not examples:
@@ -258,7 +272,7 @@ def evaluate_mlm(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: in
     with evaluating(model):
         scores = mlm_scores(model, masker, examples, batch_tokens, device, seed)
     counted = examples if count_from is None else [tokenizer.encode(line) for line in count_from]
-    counts = Counter(i for e in counted for i in e if i >= masker.first_regular or i == UNK_ID)  # the maskable
+    counts = Counter(i for e in counted for i in e if masker.maskable(i))
     guess = counts.most_common(1)[0][0]
     generator = torch.Generator().manual_seed(seed)  # the draws of mlm_scores again: the same positions
     right = 0

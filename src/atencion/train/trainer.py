@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError, Diverged, Interrupted, MissingFileError
 from ..fileio import atomic_write_text, clean_stale_temporaries, remove_directory
@@ -140,7 +140,7 @@ class Trainer:
         tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies, or init_from's shape
         model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
                                      self.task.model_values(), start=start.shape)
-        if (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
+        if not tok.foreign and (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = build_model(model_cfg).to(self.device)
         new_head = self._copy_init_from(start)
@@ -518,7 +518,14 @@ def _check_init_from(cfg: TrainConfig, task: Task, start: ModelConfig, tokenizer
     <mask>). Every refusal names train.init_from and its path."""
     cfg.model_config(tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size,
                      task.model_values(), start=start)
-    missing = [symbol for symbol in task.symbols if tokenizer.piece(tokenizer.src.piece_to_id(symbol)) != symbol]
+    if tokenizer.foreign and cfg.task == "translate":
+        raise AtencionError(f"train.init_from {cfg.train.init_from}: a Hugging Face translator (Marian) starts "
+                            f"decoding from its own ids, which the translate task's batches do not use yet; "
+                            f"fine-tune a language model, masked language model or classifier from one")
+    if tokenizer.foreign:  # its own mask token (BERT's [MASK])
+        missing = [MASK] if MASK in task.symbols and tokenizer.mask_id is None else []
+    else:
+        missing = [symbol for symbol in task.symbols if tokenizer.piece(tokenizer.src.piece_to_id(symbol)) != symbol]
     if missing:
         raise AtencionError(f"train.init_from {cfg.train.init_from}: its tokenizer has no {missing[0]}, which task "
                             f"{cfg.task!r} needs; start from a model whose vocabulary has it")

@@ -47,6 +47,7 @@ word starts at "▁".
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -75,6 +76,7 @@ CAUTION = ("attention weights help to inspect a model; they are not a causal exp
            "of its decisions")
 BOS, EOS = "<s>", "</s>"
 SPECIALS = (BOS, EOS)
+OTHER_SPECIALS = re.compile(r"\[[A-Z]+\]|<\|[^|]+\|>")  # Hugging Face's: BERT's [CLS], GPT-2's <|endoftext|>
 KINDS = ("encoder", "decoder", "cross")
 SHIFTS = ("predict", "input")
 REDUCTIONS = {"sum": np.sum, "mean": np.mean}
@@ -197,7 +199,10 @@ def capture_attention(model, tokenizer, src: str, tgt: str | list[int], shift: s
 
 def token_label(tokenizer, i: int) -> str:
     """The label of token ``i``: its piece, with a character tokenizer's whitespace made visible
-    (VISIBLE) and any other unprintable character escaped."""
+    (VISIBLE) and any other unprintable character escaped; a Hugging Face tokenizer's piece spelt
+    with "▁" where a word starts (its vocabulary's ``label``)."""
+    if tokenizer.foreign:
+        return tokenizer.src.label(i)
     piece = tokenizer.piece(i)
     if tokenizer.kind != "char":
         return piece
@@ -205,14 +210,15 @@ def token_label(tokenizer, i: int) -> str:
 
 
 def self_attention_ids(model, tokenizer, text: str) -> list[int]:
-    """What a single-stack model reads for ``text``: a GPT its tokens, a BERT <s> + its pieces + </s>.
-    An empty sequence is refused, naming --text."""
+    """What a single-stack model reads for ``text``: a GPT its tokens (and a Hugging Face
+    tokenizer's start token, if it adds one), a BERT the sentence (``Tokenizer.sentence``: <s> +
+    its pieces + </s>, or [CLS] … [SEP]). An empty sequence is refused, naming --text."""
     cfg = model.cfg
     if cfg.arch == "encoder":
         if not text.strip():
             raise AtencionError("--text: the sentence is empty")
-        return [cfg.bos_id, *tokenizer.encode(text.strip()), cfg.eos_id]
-    ids = tokenizer.encode(text)
+        return tokenizer.sentence(text.strip())
+    ids = tokenizer.sentence(text) if tokenizer.foreign else tokenizer.encode(text)
     if not ids:
         raise AtencionError(f"--text {text!r} has no tokens: a GPT needs at least one to attend from")
     return ids
@@ -260,12 +266,17 @@ def attention_kind(cfg) -> str:
 
 def word_spans(labels: list[str]) -> list[list[int]]:
     """Positions grouped into words: a piece starting with "▁" starts a word, and so do a
-    character model's whitespace (␣, ⏎, ...), <s>, </s> and whatever follows them."""
+    character model's whitespace (␣, ⏎, ...), <s>, </s> (or [CLS], [SEP], <|endoftext|>) and
+    whatever follows them."""
     spans: list[list[int]] = []
     starts = tuple(VISIBLE.values())
+
+    def special(label: str) -> bool:
+        return label in SPECIALS or OTHER_SPECIALS.fullmatch(label) is not None
+
     for i, label in enumerate(labels):
-        if (not spans or label in SPECIALS or label.startswith(WORD_START) or label in starts
-                or labels[i - 1] in SPECIALS):
+        if (not spans or special(label) or label.startswith(WORD_START) or label in starts
+                or special(labels[i - 1])):
             spans.append([i])
         else:
             spans[-1].append(i)

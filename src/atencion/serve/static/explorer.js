@@ -1,7 +1,8 @@
 // atencion attention explorer: translate a sentence with POST /translate, then draw the attention
 // the server returns (encoder self-attention, decoder masked self-attention, cross-attention) as a
 // layers × heads grid of small heatmaps, one head enlarged with its tokens, and the word alignment
-// implied by the mean cross-attention. Plain ES2020, no libraries: the page must work offline.
+// implied by the mean cross-attention. A GPT's or a BERT's self-attention over the text comes from
+// POST /attention and is drawn the same way. Plain ES2020, no libraries: the page must work offline.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -87,13 +88,36 @@ function describeModel() {
   const name = state.info.models.length < 2 ? `model ${m.name}: ` : "";
   $("model-info").textContent = `${name}${m.arch}, ${c.n_layers} layers, ${c.n_heads} heads, ` +
     `${(m.parameters / 1e6).toFixed(2)} M parameters`;
-  // The page explores translations; another kind of model is named with its endpoints instead.
+  // The page explores translations, and a GPT's or a BERT's self-attention (/attention); another
+  // kind of model is named with its endpoints instead.
   const translator = m.task === "translate";
-  $("translate").disabled = !translator;
-  showError(translator ? "" : `${m.name} is a model of task ${m.task}: this page explores translators; ` +
-    `ask it through ${m.endpoints.join(", ")} (see /info)`);
+  const explores = translator || m.endpoints.includes("/attention");
+  $("translate").disabled = !explores;
+  $("translate").textContent = translator ? "Translate" : "Show attention";
+  $("beam").disabled = $("nbest-size").disabled = !translator;
+  showError(explores ? "" : `${m.name} is a model of task ${m.task}: this page explores translators, ` +
+    `GPTs and BERTs; ask it through ${m.endpoints.join(", ")} (see /info)`);
   if (translator) $("beam").value = m.decoding.beam;
-  $("output-title").textContent = "Translation";
+  $("output-title").textContent = translator ? "Translation" : "Text";
+}
+
+// A GPT's or a BERT's self-attention over the sentence: the text is the result, without an n-best list.
+async function explore(m) {
+  showError("");
+  $("translate").disabled = true;
+  $("status").textContent = "reading…";
+  const began = performance.now();
+  try {
+    const answer = await api("attention", { text: $("sentence").value, model: m.name });
+    state.result = { text: answer.text + answer.generated, nbest: [], attention: answer.attention };
+    $("status").textContent = `${answer.model}: ${Math.round(performance.now() - began)} ms`;
+    renderResult();
+  } catch (err) {
+    $("status").textContent = "";
+    showError(err.message);
+  } finally {
+    $("translate").disabled = false;
+  }
 }
 
 async function translate() {
@@ -107,7 +131,10 @@ async function translate() {
     nbest: Number.isNaN(nbest) ? $("nbest-size").value : nbest,
     attention: true,
   };
-  if (m.task !== "translate") return;
+  if (m.task !== "translate") {
+    if (m.endpoints.includes("/attention")) await explore(m);
+    return;
+  }
   showError("");
   $("translate").disabled = true;
   $("status").textContent = "translating…";
@@ -151,6 +178,9 @@ function renderResult() {
   $("attention").hidden = !attention;
   $("alignment-panel").hidden = !(attention && attention.words && attention.words.cross);
   if (!attention) return;
+  // the kinds this model has (a BERT: encoder self-attention; a GPT: masked self-attention)
+  for (const option of $("kind").options) option.disabled = !attention.pieces[option.value];
+  if (!attention.pieces[$("kind").value]) $("kind").value = Object.keys(attention.pieces)[0];
   const layers = attention.pieces[$("kind").value].weights.length;
   state.layer = layers - 1; // start with the last layer's first head
   state.head = 0;

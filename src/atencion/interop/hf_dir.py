@@ -1,0 +1,179 @@
+"""A Hugging Face model directory, read as an atencion model where it lies: config.json (with a
+``model_type``), model.safetensors or a sharded model.safetensors.index.json, and the tokenizer's
+files (read by data/hf_tokenizer.py). nn/model_dir.py calls ``read_config`` and ``read_model``
+for every directory whose config.json has a ``model_type`` (its READERS), so every command takes
+one.
+
+The family is config.json's ``model_type`` (the ``MODEL_TYPE`` each module of interop names), the
+class its ``architectures`` (one of that module's classes in IMPORTERS: a language model, a
+masked language model, a translator or a ``*ForSequenceClassification``). transformers reads the
+config, with its defaults for the keys a file leaves out; the weights are read by safetensors,
+memory-mapped, one tensor at a time, and handed to the family's ``import_state`` under their
+Hugging Face names: its name map makes the atencion tensors, which become the model's
+parameters as they are, in their stored dtype (nn/model_dir.py's ``model_from_tensors``). No
+transformers model is built. A family whose module has no ``import_state`` (only a ``from_X``
+importer) is loaded by transformers' ``from_pretrained`` and converted by ``from_hf``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from importlib import import_module
+from pathlib import Path
+from types import ModuleType
+
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..errors import AtencionError
+from ..fileio import read_json
+from ..nn.model_dir import CONFIG_FILE, INDEX_FILE, model_from_tensors, weights_files
+from . import IMPORTERS, from_hf
+
+
+class Checkpoint(Mapping):
+    """The tensors of a directory's safetensors file(s), each read from the memory-mapped file
+    when asked for, as stored. A name the file lacks is looked for as transformers finds it:
+    under LayerNorm's old names (``gamma``, ``beta``), without the base model's prefix (a
+    checkpoint saved from the base model: GPT-2's ``h.0.…`` for ``transformer.h.0.…``) and under
+    the name it is tied to (``tied``, the family's TIED)."""
+
+    def __init__(self, directory: Path, tied: dict[str, str]):
+        from safetensors import safe_open
+
+        files = weights_files(directory)
+        self.where = files[0] if len(files) == 1 else directory / INDEX_FILE
+        self.tied = tied
+        self.files: dict[str, object] = {}  # tensor name → the open file that holds it
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt")
+                names = list(handle.keys())
+            except Exception as err:  # safetensors raises its own error types for damaged files
+                raise AtencionError(f"{path}: not a readable safetensors file ({err})") from None
+            self.files.update(dict.fromkeys(names, handle))
+
+    def _find(self, name: str, seen: frozenset = frozenset()) -> str | None:
+        stem, _, last = name.rpartition(".")
+        old = {"weight": "gamma", "bias": "beta"}.get(last)
+        for candidate in (name, f"{stem}.{old}" if old else None):
+            for form in (candidate, candidate.partition(".")[2] if candidate else None):
+                if form and form in self.files:
+                    return form
+        if name in self.tied and name not in seen:
+            return self._find(self.tied[name], seen | {name})
+        return None
+
+    def __getitem__(self, name: str) -> Tensor:
+        found = self._find(name)
+        if found is None:
+            raise KeyError(name)
+        return self.files[found].get_tensor(found)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._find(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def families() -> dict[str, ModuleType]:
+    """model_type → the interop module that converts it (each module of IMPORTERS that names its
+    ``MODEL_TYPE``: one, or a tuple of the model types it reads)."""
+    found = {}
+    for name in dict.fromkeys(module for module, _ in IMPORTERS.values()):
+        module = import_module(f".{name}", __package__)
+        types = getattr(module, "MODEL_TYPE", ())
+        found.update(dict.fromkeys((types,) if isinstance(types, str) else types, module))
+    return found
+
+
+def supported() -> list[str]:
+    """Every model_type a directory may have: those of ``families`` and, through transformers,
+    those of the classes IMPORTERS converts whose module names none."""
+    known = set(families())
+    classes = [name for name, (module, _) in IMPORTERS.items()
+               if not hasattr(import_module(f".{module}", __package__), "MODEL_TYPE")]
+    if classes:
+        import transformers
+
+        known |= {getattr(transformers, name).config_class.model_type
+                  for name in classes if hasattr(transformers, name)}
+    return sorted(known)
+
+
+def _family(directory: Path) -> tuple[ModuleType | None, str]:
+    """The interop module of the directory's model_type and the class it was saved as (the first
+    of ``architectures``; without one, the family's first class); the module is None for a class
+    that IMPORTERS converts but whose module reads no checkpoint. Anything else is refused,
+    naming the model_type (or class) and what is supported."""
+    path = directory / CONFIG_FILE
+    config = read_json(path, "model configuration")
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    known = families()
+    if model_type not in known:
+        if architecture in IMPORTERS:
+            return None, architecture
+        raise AtencionError(f"{path}: model_type {model_type!r} is not supported; supported: "
+                            f"{', '.join(supported())}")
+    family = known[model_type].__name__.rpartition(".")[2]
+    classes = [name for name, (module, _) in IMPORTERS.items() if module == family]
+    architecture = architecture or classes[0]
+    if architecture not in classes:
+        raise AtencionError(f"{path}: architectures {architecture!r} is not supported for model_type {model_type!r}; "
+                            f"supported: {', '.join(classes)}")
+    return known[model_type], architecture
+
+
+def _hf_config(directory: Path):
+    """transformers' config of the directory, with its defaults for the keys the file leaves out."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise AtencionError(f"{directory}: reading a Hugging Face model directory needs transformers "
+                            f"(pip install transformers)") from None
+    try:
+        return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise AtencionError(f"{directory / CONFIG_FILE}: transformers cannot read it ({err})") from None
+
+
+def read_config(directory: Path) -> ModelConfig:
+    """The atencion ModelConfig of the Hugging Face model in ``directory``, without its weights."""
+    module, architecture = _family(directory)
+    if module is None or not hasattr(module, "import_state"):
+        return read_model(directory).cfg
+    return module.import_config(_hf_config(directory), architecture)
+
+
+def read_model(directory: Path) -> nn.Module:
+    """The atencion model (in eval mode) of the Hugging Face model in ``directory``, its
+    parameters the checkpoint's tensors in their stored dtype."""
+    module, architecture = _family(directory)
+    if module is None or not hasattr(module, "import_state"):
+        return _through_transformers(directory, architecture)
+    cfg = module.import_config(_hf_config(directory), architecture)
+    state = Checkpoint(directory, getattr(module, "TIED", {}))
+    try:
+        cfg, tensors = module.import_state(cfg, state)
+    except KeyError as err:
+        raise AtencionError(f"{state.where}: no tensor {err.args[0]!r}, which a {architecture} of "
+                            f"{directory / CONFIG_FILE} has; the files come from different models") from None
+    return model_from_tensors(cfg, tensors, state.where, directory / CONFIG_FILE).eval()
+
+
+def _through_transformers(directory: Path, architecture: str) -> nn.Module:
+    """A class whose module reads no checkpoint: transformers' model, loaded and converted."""
+    import transformers
+
+    weights_files(directory)  # a missing file or shard is named before transformers looks
+    try:
+        hf_model = getattr(transformers, architecture).from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise AtencionError(f"{directory}: transformers cannot load its {architecture} ({err})") from None
+    return from_hf(hf_model).eval()
