@@ -283,3 +283,12 @@ def test_each_bad_attention_setting_is_refused_naming_its_key(attention, message
     positional = "alibi" if attention == {"kind": "performer"} else "sinusoidal"
     with pytest.raises(AtencionError, match=re.escape(message)):
         ModelConfig(vocab_size=20, arch="encoder", positional=positional, attention=attention)
+
+
+def test_a_mixture_of_experts_takes_a_kind_and_its_cache_equals_the_full_pass():
+    model = model_of("decoder", KINDS["window"], moe={"experts": 3, "top_k": 2})
+    ids, _ = random_batch(model.cfg, batch=1, src_len=10)
+    full = model(ids)
+    state = model.init_state()
+    steps = torch.cat([model.decode_step(ids[:, t:t + 1], state) for t in range(10)], 1)
+    assert torch.allclose(steps, full, atol=1e-5)
