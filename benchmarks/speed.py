@@ -1,11 +1,12 @@
 """Speed, side by side on one machine, same weights and inputs: atencion vs Hugging Face
 MarianMTModel (training and `generate`) vs CTranslate2 (float32, int8); and, for the language
-models (the `lm` part), atencion vs GPT2LMHeadModel and BertForMaskedLM.
+models (the `lm` part), atencion vs GPT2LMHeadModel and BertForMaskedLM, and today's decoder (the
+`llama` part: generation of a SmolLM-135M-shaped Llama against LlamaForCausalLM).
 
     python benchmarks/speed.py                 # a table
     python benchmarks/speed.py --json          # one JSON object
     python benchmarks/speed.py --quick         # fewer steps and sentences (under 4 minutes)
-    python benchmarks/speed.py --parts lm      # one part: train, decode, lm (default: all three)
+    python benchmarks/speed.py --parts lm      # one part: train, decode, lm, llama (default: all four)
 
 Two sizes: Transformer-Tiny (4+4 layers, d_model 128, d_ff 256, 4 heads) and `base`
 (6+6, 512, 2048, 8), both with a 10,000-token shared vocabulary and random weights (the same
@@ -281,6 +282,7 @@ GPT_SHAPES = {  # name: (gpt-tiny overrides, rows, block)
     "gpt_384": (dict(n_layers=6, d_model=384, d_ff=1536, n_heads=6), 8, 256),  # nanoGPT's Shakespeare model
 }
 PROMPT, NEW_TOKENS = 16, 200
+LLAMA_VOCAB = 49152  # SmolLM-135M's
 
 
 @dataclass
@@ -440,6 +442,19 @@ def lm_part(args, device: torch.device) -> dict:
     return result
 
 
+def llama_part(args, device: torch.device) -> dict:
+    """Generation of today's decoder: a Llama-style model of SmolLM-135M's shape (RMSNorm, SwiGLU,
+    RoPE, 3 key/value heads of 9; random weights) against Hugging Face's LlamaForCausalLM made
+    equal to it by ``to_hf``, greedy, batch 1 and 16."""
+    ours, hf = lm_models("smollm-135m", LLAMA_VOCAB)
+    result = {}
+    for rows in (1, 16):
+        row = lm_generation(ours, hf, rows, True, args.rounds + 1, device)
+        shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
+        result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
+    return result
+
+
 # main --------------------------------------------------------------------------------------------
 
 def run_size(size: str, args) -> dict:
@@ -535,9 +550,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 4 minutes)")
     parser.add_argument("--sizes", default="tiny,base", help="comma-separated: tiny, base (default: both)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
-    parser.add_argument("--parts", default="train,decode,lm",
-                        help="comma-separated: train, decode (translation, at --sizes), lm (GPT and BERT) "
-                             "(default: all three)")
+    parser.add_argument("--parts", default="train,decode,lm,llama",
+                        help="comma-separated: train, decode (translation, at --sizes), lm (GPT and BERT), llama "
+                             "(a Llama-style decoder's generation) (default: all four)")
     parser.add_argument("--sentences", type=int, default=500, help="decoded sentences at tiny size (default: 500)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="sentences per decoding batch, the same batches for every engine (default: 64)")
@@ -553,7 +568,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.parts = args.parts.split(",")
-    for name, given, known in (("--parts", args.parts, ("train", "decode", "lm")),
+    for name, given, known in (("--parts", args.parts, ("train", "decode", "lm", "llama")),
                                ("--sizes", args.sizes.split(","), SIZES)):
         if not given or not set(given) <= set(known):
             parser.error(f"{name} takes a comma-separated list of {', '.join(known)}; got {','.join(given)!r}")
@@ -570,11 +585,13 @@ def main(argv=None) -> dict:
     if {"train", "decode"} & set(args.parts):
         for size in args.sizes.split(","):
             report[size] = run_size(size, args)
-    if "lm" in args.parts:
+    if {"lm", "llama"} & set(args.parts):
         import transformers
 
         transformers.logging.set_verbosity_error()  # generate's advice on attention masks, not a result
-        report["lm"] = lm_part(args, device)
+        report["lm"] = lm_part(args, device) if "lm" in args.parts else {}
+        if "llama" in args.parts:
+            report["lm"].update(llama_part(args, device))
     if args.json:
         print(json.dumps(report))
     else:
