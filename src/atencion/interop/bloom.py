@@ -28,7 +28,7 @@ from ..nn.transformer import Transformer
 from .common import (
     Pair,
     export_tensors,
-    import_tensors,
+    import_decoder_tensors,
     load_complete,
     per_head_qkv,
     require,
@@ -105,9 +105,7 @@ def import_config(hf_config, architecture: str = "BloomForCausalLM") -> ModelCon
 
 def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
     """``cfg`` and the atencion tensors read from ``state`` (Bloom's names, as stored)."""
-    out = import_tensors(name_map(cfg), state)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
+    out = import_decoder_tensors(name_map(cfg), state, cfg.tie_output)
     return cfg, out
 
 

@@ -125,6 +125,25 @@ def require_paper_blocks(cfg, who: str, target: str) -> None:
         raise AtencionError(f"{who}: rope_scaling={cfg.rope_scaling!r} cannot be expressed by {target}")
 
 
+def import_decoder_tensors(name_map: list[Pair], state: dict[str, Tensor], tied: bool) -> dict[str, Tensor]:
+    """:func:`import_tensors` for a decoder-only model, whose output projection, when ``tied``, is
+    its embedding table (Hugging Face checkpoints store it once, or as a copy)."""
+    out = import_tensors(name_map, state)
+    if tied:
+        out["generator.weight"] = out["decoder.embed.weight"]
+    return out
+
+
+def load_exported(hf_model, state: dict[str, Tensor], who: str):
+    """``hf_model`` (eval mode) with ``state`` loaded, once ``state`` names exactly its tensors."""
+    expected = set(hf_model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise AtencionError(f"{who}: weights do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    hf_model.load_state_dict(state)
+    return hf_model.eval()
+
+
 def load_complete(model, state: dict[str, Tensor], who: str):
     """``model`` with ``state`` loaded, once ``state`` covers every parameter; returns it."""
     missing = set(model.state_dict()) - set(state)

@@ -30,7 +30,7 @@ from .common import (
     Pair,
     classifier_values,
     export_tensors,
-    import_tensors,
+    import_decoder_tensors,
     load_complete,
     require,
     require_paper_blocks,
@@ -129,9 +129,7 @@ def import_config(hf_config, architecture: str = "GPT2LMHeadModel") -> ModelConf
 
 def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """``cfg`` and the atencion tensors read from ``state`` (GPT-2's names, as stored)."""
-    out = import_tensors(name_map(cfg), state)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
+    out = import_decoder_tensors(name_map(cfg), state, cfg.tie_output)
     if cfg.num_labels:
         out["classifier.linear.weight"] = score = state["score.weight"]
         out["classifier.linear.bias"] = score.new_zeros(cfg.num_labels)  # GPT-2's score has no bias

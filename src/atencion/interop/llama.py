@@ -35,7 +35,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require
+from .common import Pair, export_tensors, import_decoder_tensors, load_complete, load_exported, require
 
 MODEL_TYPE = ("llama", "mistral", "qwen2")
 _FROM_HF_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
@@ -228,9 +228,7 @@ def import_config(hf_config, architecture: str = "LlamaForCausalLM") -> ModelCon
 
 def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
     """``cfg`` and the atencion tensors read from ``state`` (the Llama family's names, as stored)."""
-    out = import_tensors(name_map(cfg), state)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
+    out = import_decoder_tensors(name_map(cfg), state, cfg.tie_output)
     return cfg, out
 
 
@@ -250,13 +248,7 @@ def _export(model: Transformer, family: str):
     out = export_tensors(name_map(cfg), {k: v.detach() for k, v in model.state_dict().items()})
     if cfg.tie_output:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
-    expected = set(hf.state_dict())
-    missing, unexpected = sorted(expected - set(out)), sorted(set(out) - expected)
-    if missing or unexpected:
-        raise AtencionError(f"{_CLASSES[family]} export: weights do not match; missing {missing[:5]}, "
-                            f"unexpected {unexpected[:5]}")
-    hf.load_state_dict(out)
-    return hf.eval()
+    return load_exported(hf, out, f"{_CLASSES[family]} export")
 
 
 def to_llama(model: Transformer):

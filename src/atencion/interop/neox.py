@@ -25,8 +25,9 @@ from ..nn.transformer import Transformer
 from .common import (
     Pair,
     export_tensors,
-    import_tensors,
+    import_decoder_tensors,
     load_complete,
+    load_exported,
     per_head_qkv,
     require,
     require_paper_blocks,
@@ -172,9 +173,7 @@ def import_config(hf_config, architecture: str = "GPTNeoXForCausalLM") -> ModelC
 
 def import_state(cfg: ModelConfig, state) -> tuple[ModelConfig, dict[str, Tensor]]:
     """``cfg`` and the atencion tensors read from ``state`` (NeoX's names, as stored)."""
-    out = import_tensors(name_map(cfg, _head_name(state)), state)
-    if cfg.tie_output:
-        out["generator.weight"] = out["decoder.embed.weight"]
+    out = import_decoder_tensors(name_map(cfg, _head_name(state)), state, cfg.tie_output)
     return cfg, out
 
 
@@ -196,10 +195,4 @@ def to_neox(model: Transformer):
     out = export_tensors(name_map(cfg, head), {k: v.detach() for k, v in model.state_dict().items()})
     if cfg.tie_output:
         out[f"{head}.weight"] = out["gpt_neox.embed_in.weight"]
-    expected = set(hf.state_dict())
-    missing, unexpected = sorted(expected - set(out)), sorted(set(out) - expected)
-    if missing or unexpected:
-        raise AtencionError(f"GPT-NeoX export: weights do not match; missing {missing[:5]}, "
-                            f"unexpected {unexpected[:5]}")
-    hf.load_state_dict(out)
-    return hf.eval()
+    return load_exported(hf, out, "GPT-NeoX export")

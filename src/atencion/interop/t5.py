@@ -29,7 +29,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import AtencionError
 from ..nn.transformer import Transformer
-from .common import Pair, export_tensors, import_tensors, load_complete, require, require_paper_blocks
+from .common import Pair, export_tensors, import_tensors, load_complete, load_exported, require, require_paper_blocks
 
 # atencion activation ↔ T5's feed_forward_proj (transformers' ACT2FN names)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_new"}
@@ -203,9 +203,4 @@ def to_t5(model: Transformer):
     out = export_tensors(name_map(cfg), ours)
     for name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
         out[name] = ours["encoder.embed.weight"]
-    expected = set(hf.state_dict())
-    missing, unexpected = sorted(expected - set(out)), sorted(set(out) - expected)
-    if missing or unexpected:
-        raise AtencionError(f"T5 export: weights do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
-    hf.load_state_dict(out)
-    return hf.eval()
+    return load_exported(hf, out, "T5 export")
