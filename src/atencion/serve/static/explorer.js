@@ -102,14 +102,15 @@ function describeModel() {
 }
 
 // A GPT's or a BERT's self-attention over the sentence: the text is the result, without an n-best list.
-async function explore(m) {
+// One request to the server, its answer drawn: `doing` while it runs, then the model and the time.
+async function ask(doing, endpoint, body, toResult) {
   showError("");
   $("translate").disabled = true;
-  $("status").textContent = "reading…";
+  $("status").textContent = doing;
   const began = performance.now();
   try {
-    const answer = await api("attention", { text: $("sentence").value, model: m.name });
-    state.result = { text: answer.text + answer.generated, nbest: [], attention: answer.attention };
+    const answer = await api(endpoint, body);
+    state.result = toResult(answer);
     $("status").textContent = `${answer.model}: ${Math.round(performance.now() - began)} ms`;
     renderResult();
   } catch (err) {
@@ -122,6 +123,13 @@ async function explore(m) {
 
 async function translate() {
   const m = model();
+  if (m.task !== "translate") {  // a GPT or a BERT: its self-attention over the text
+    if (m.endpoints.includes("/attention")) {
+      await ask("reading…", "attention", { text: $("sentence").value, model: m.name },
+                answer => ({ text: answer.text + answer.generated, nbest: [], attention: answer.attention }));
+    }
+    return;
+  }
   const beam = Number.parseInt($("beam").value, 10);
   const nbest = Number.parseInt($("nbest-size").value, 10);
   // Invalid numbers go to the server as they are: its message says what is wrong.
@@ -131,25 +139,7 @@ async function translate() {
     nbest: Number.isNaN(nbest) ? $("nbest-size").value : nbest,
     attention: true,
   };
-  if (m.task !== "translate") {
-    if (m.endpoints.includes("/attention")) await explore(m);
-    return;
-  }
-  showError("");
-  $("translate").disabled = true;
-  $("status").textContent = "translating…";
-  const began = performance.now();
-  try {
-    const answer = await api("translate", body);
-    state.result = answer.translations[0];
-    $("status").textContent = `${answer.model}: ${Math.round(performance.now() - began)} ms`;
-    renderResult();
-  } catch (err) {
-    $("status").textContent = "";
-    showError(err.message);
-  } finally {
-    $("translate").disabled = false;
-  }
+  await ask("translating…", "translate", body, answer => answer.translations[0]);
 }
 
 // ---------------------------------------------------------------------------------------------
