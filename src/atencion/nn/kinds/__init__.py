@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import repeat_kv, scaled_dot_product_attention, stack_beams, unstack_beams
+from ..attention import causal_mask, repeat_kv, scaled_dot_product_attention, stack_beams, unstack_beams
 from ..cache import BeamKVCache, KVCache
 from .flash import flash_attention
 from .linformer import LinformerProjection, linformer_attention
@@ -79,8 +79,8 @@ class Flash(AttentionKind):
     def forward(self, q, k, v, mask, positions, dropout_p, scale, need_weights):
         if need_weights:  # the same function, with the matrix it never builds otherwise
             if self.causal:
-                mask = _causal(q.size(2), k.size(2), q.device) if mask is None else mask & _causal(
-                    q.size(2), k.size(2), q.device)
+                causal = causal_mask(q.size(2), k.size(2) - q.size(2), q.device)  # the queries are the last
+                mask = causal if mask is None else mask & causal
             bias = None if positions is None else positions.bias
             return scaled_dot_product_attention(q, k, v, mask, dropout_p, True, bias, scale)
         bias, params = _bias(positions, k.size(2))
@@ -304,13 +304,6 @@ class PerformerCache(KVCache):
         if state.S is not None:
             state.S, state.z, state.stabiliser = (t.index_select(0, index) for t in (state.S, state.z,
                                                                                       state.stabiliser))
-
-
-def _causal(q_len: int, k_len: int, device) -> Tensor:
-    """(1, 1, q_len, k_len): the queries are the last q_len positions."""
-    keys = torch.arange(k_len, device=device)
-    queries = torch.arange(k_len - q_len, k_len, device=device)
-    return (keys[None, :] <= queries[:, None])[None, None]
 
 
 def _bias(positions, k_len: int):
