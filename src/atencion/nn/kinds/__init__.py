@@ -265,8 +265,9 @@ def shared_module(cfg) -> nn.Module | None:
 # caches and helpers ------------------------------------------------------------------------------
 
 class RollingKVCache(KVCache):
-    """A sliding window's self-attention cache: the last ``window`` keys and values and no more,
-    so decoding takes the same memory at step 100 and at step 100,000."""
+    """A sliding window's self-attention cache: between steps the last ``window − 1`` keys and
+    values (a step's query sees them and its own), and no more, so decoding takes the same memory at
+    step 100 and at step 100,000."""
 
     rewinds = False  # the keys before the last ``window − 1`` are gone
 
