@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
@@ -117,8 +118,16 @@ class Block(nn.Module):
         else:
             self.ffn = feed_forward(cfg)
         self.res_ffn = Residual(cfg)
+        # train.activation_checkpointing: keep only the block's input for backward and compute its
+        # activations again there (torch.utils.checkpoint; the dropout masks are drawn again alike)
+        self.checkpointing = False
 
-    def forward(
+    def forward(self, *args, **kwargs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(self._forward, *args, use_reentrant=False, **kwargs)
+        return self._forward(*args, **kwargs)
+
+    def _forward(
         self,
         x: Tensor,
         self_mask: Tensor | None,

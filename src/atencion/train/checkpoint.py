@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,18 @@ def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
     return removed
 
 
-def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer=None,
+def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer_state: dict | None = None,
                     trainer_state: dict[str, Any] | None = None) -> None:
-    """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically.
-    Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
-    takes the checkpoint's place."""
+    """Write a checkpoint (or, without optimizer state and trainer state, a plain model directory)
+    atomically. ``optimizer_state``: the optimizer's ``state_dict()`` as one process holds it (its
+    "state", by parameter index). Non-finite weights are refused by ``model.save`` inside the
+    temporary directory, so nothing takes the checkpoint's place."""
 
     def fill(tmp: Path) -> None:
         model.save(tmp)
         tokenizer.save(tmp)
-        if optimizer is not None:
-            (tmp / OPTIMIZER_FILE).write_bytes(save(_optimizer_tensors(optimizer)))  # a full disk: OSError
+        if optimizer_state is not None:
+            (tmp / OPTIMIZER_FILE).write_bytes(save(_optimizer_tensors(optimizer_state)))  # a full disk: OSError
             rng = {"cpu": torch.get_rng_state()}
             if torch.cuda.is_available():
                 rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
@@ -83,14 +85,16 @@ def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer=No
     atomic_directory(path, fill)
 
 
-def _optimizer_tensors(optimizer) -> dict[str, torch.Tensor]:
-    state = optimizer.state_dict()["state"]
+def _optimizer_tensors(optimizer_state: dict) -> dict[str, torch.Tensor]:
+    state = optimizer_state["state"]
     return {f"{index}.{key}": value.detach().cpu().contiguous()
             for index, values in state.items() for key, value in values.items() if torch.is_tensor(value)}
 
 
-def load_training_state(path: Path, optimizer) -> dict[str, Any]:
-    """Restore optimizer and RNG states from checkpoint ``path``; return its trainer state."""
+def load_training_state(path: Path, load_optimizer: Callable[[dict], None]) -> dict[str, Any]:
+    """Restore the optimizer and RNG states from checkpoint ``path``; return its trainer state.
+    ``load_optimizer({"state": {index: {name: tensor}}})`` gives the optimizer its state, whole
+    or, under fsdp, each process its shard (distributed.Parallel.load_optimizer_state)."""
     for name in (OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
         if not (path / name).is_file():
             raise MissingFileError(f"{path / name}: missing, so this checkpoint cannot be resumed")
@@ -100,13 +104,11 @@ def load_training_state(path: Path, optimizer) -> dict[str, Any]:
         trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except Exception as err:  # damaged files: say which checkpoint
         raise AtencionError(f"{path}: damaged checkpoint ({err})") from None
-    current = optimizer.state_dict()
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    current["state"] = state
-    optimizer.load_state_dict(current)
+    load_optimizer({"state": state})
     torch.set_rng_state(rng["cpu"])
     if torch.cuda.is_available():
         cuda = [rng[k] for k in sorted(rng) if k.startswith("cuda")]

@@ -81,6 +81,10 @@ class OptimConfig:
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:1", ...
     bf16: bool = False                  # bf16 autocast (GPUs; on CPUs bf16 is far slower than fp32)
     threads: int = 0                    # torch intra-op threads (0: torch's default)
+    distributed: str = "ddp"            # under torchrun: "ddp" (each process holds the whole model) or "fsdp"
+                                        # (FSDP2: each holds 1/world of the weights, gradients, Adam moments)
+    activation_checkpointing: bool = False  # keep each block's input only; its activations are computed
+                                        # again in backward (less memory, more time: docs/scale_out.md)
     progress: bool = True               # a progress bar on stderr
     tensorboard: bool = True            # TensorBoard event files in OUT/tensorboard
 
@@ -317,7 +321,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                ("data.tokenizer", d.tokenizer, ("sentencepiece", "char", "whitespace")),
                ("train.early_stop_metric", cfg.early_stop_metric, ("bleu", "loss", "accuracy")),
                ("train.schedule", t.schedule, ("inverse_sqrt", "cosine", "constant")),
-               ("train.optimizer", t.optimizer, ("adam", "adamw"))]
+               ("train.optimizer", t.optimizer, ("adam", "adamw")),
+               ("train.distributed", t.distributed, ("ddp", "fsdp"))]
     for key, value, allowed in choices:
         if value not in allowed:
             raise AtencionError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
@@ -359,6 +364,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             raise AtencionError(f"{source}: {err}") from None
         if t.init_from is None:
             raise AtencionError(f"{source}: train.lora adapts a trained model: set train.init_from to it")
+        if t.distributed == "fsdp":
+            raise AtencionError(f"{source}: train.lora trains under train.distributed ddp only (its adapters are "
+                                f"small: sharding them saves little)")
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
@@ -367,6 +375,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
+    if t.activation_checkpointing and built.arch == "rnn":
+        raise AtencionError(f"{source}: train.activation_checkpointing recomputes Transformer blocks; arch rnn has "
+                            f"none")
 
 
 def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:

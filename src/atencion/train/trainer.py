@@ -33,36 +33,12 @@ from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..tasks import Task, make_task
+from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import OptimConfig, TrainConfig, dump_config, load_config
 from .schedule import learning_rate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Dist:
-    """This process's place among the torchrun processes (rank 0 of 1 without torchrun)."""
-
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def _init_distributed(device: torch.device) -> Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return Dist()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size())
 
 
 def _device(name: str) -> torch.device:
@@ -126,7 +102,7 @@ class Trainer:
         self.command = list(command or ["atencion", "train", "CONFIG", "--out", str(self.out)])
         t = cfg.train
         self.device = _device(t.device)
-        self.dist = _init_distributed(self.device)  # this process's place under torchrun
+        self.dist = init_distributed(self.device)  # this process's place under torchrun
         if t.threads:
             torch.set_num_threads(t.threads)
         self.ckpt_dir = self.out / "checkpoints"
@@ -145,9 +121,10 @@ class Trainer:
         self.model = build_model(model_cfg).to(self.device)
         new_head = self._copy_init_from(start)
         self._add_lora(start, new_head)
+        self._restore_weights(start)  # before fsdp shards them
+        set_activation_checkpointing(self.model, t.activation_checkpointing)
         unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
-        self.ddp = (torch.nn.parallel.DistributedDataParallel(
-            self.model, find_unused_parameters=unused) if self.dist.world > 1 else self.model)
+        self.parallel = Parallel(self.model, t.distributed, self.dist, self.device, t.bf16, find_unused=unused)
         self.optimizer = build_optimizer(self.model, t)
         self.state: dict[str, Any] = self._restore(start)
         self._writer = None
@@ -220,17 +197,23 @@ class Trainer:
         log.info("LoRA: %d of %d parameters trainable (%.2f%%)", trained, self.model.num_parameters(),
                  100 * trained / self.model.num_parameters())
 
+    def _restore_weights(self, start: Start) -> None:
+        """The checkpoint's weights (exact resume), before the model is spread over the processes."""
+        if start.checkpoint is None:
+            return
+        _same_model(start.model.cfg, self.model.cfg, start.checkpoint)
+        self.model.load_state_dict(start.model.state_dict())
+        start.model = None  # its memory back before the optimizer state is read
+
     def _restore(self, start: Start) -> dict[str, Any]:
-        """The position in training: zero, or the checkpoint's weights, optimizer state and counters (exact resume)."""
+        """The position in training: zero, or the checkpoint's optimizer state and counters (exact resume)."""
         state = {"step": 0, "epoch": 0, "update_in_epoch": 0, "best": None, "best_step": None,
                  "bad_validations": 0, "train_seconds": 0.0, "valid_seconds": 0.0, "update_seconds": 0.0,
                  "target_tokens": 0}
         if start.checkpoint is None:
             return state
-        _same_model(start.model.cfg, self.model.cfg, start.checkpoint)
-        self.model.load_state_dict(start.model.state_dict())
-        start.model = None  # its memory back before the optimizer state is read
-        saved = load_training_state(start.checkpoint, self.optimizer)
+        saved = load_training_state(start.checkpoint,
+                                    lambda state: self.parallel.load_optimizer_state(self.optimizer, state))
         saved.setdefault("update_seconds",  # checkpoints written before updates were timed apart
                          max(saved["train_seconds"] - saved["valid_seconds"], 0.0))
         state.update(saved)
@@ -267,9 +250,8 @@ class Trainer:
         for i, batch in enumerate(mine):
             batch = batch.to(self.device)
             sync = i == len(mine) - 1
-            context = self.ddp.no_sync() if self.dist.world > 1 and not sync else nullcontext()
-            with context, self._autocast():
-                loss, nll = self.task.loss(self.ddp, self.model, batch)
+            with self.parallel.accumulating(last=sync), self._autocast():
+                loss, nll = self.task.loss(self.parallel.forward, self.model, batch)
                 if self._routing is not None:  # the load-balancing loss, weighted per unit like the loss
                     self._routing.add()
                     if cfg.moe["aux_loss_weight"] > 0:
@@ -282,8 +264,7 @@ class Trainer:
         lr = learning_rate(step, cfg.d_model, t)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                         t.clip_norm if t.clip_norm > 0 else math.inf))
+        grad_norm = self.parallel.clip_grad_norm(t.clip_norm if t.clip_norm > 0 else math.inf)
         if self.dist.world > 1:
             sums = torch.tensor([loss_sum, nll_sum], dtype=torch.float64)
             dist.all_reduce(sums)
@@ -384,7 +365,7 @@ class Trainer:
                 if not t.valid_every:
                     stop = self._validate_and_save()
                     last_log = (time.time(), self.state["target_tokens"])
-                elif self.dist.main:
+                else:
                     self._save_checkpoint()
                 continue
             if not (t.valid_every and self.state["step"] % t.valid_every == 0):
@@ -440,17 +421,37 @@ class Trainer:
                 self.state["bad_validations"] += 1
             self._log({"step": self.state["step"], "epoch": self.state["epoch"], **result,
                        "seconds": round(self.state["train_seconds"], 1), "best": improved})
-            if self.dist.main and improved:
-                save_checkpoint(self.out / "best", self.model, self.tokenizer)
+            if improved:
+                model = self._whole_model()
+                if self.dist.main:
+                    save_checkpoint(self.out / "best", model, self.tokenizer)
             if t.patience and self.state["bad_validations"] >= t.patience:
                 stop = "early_stopping"
-        if self.dist.main:
-            self._save_checkpoint()
+        self._save_checkpoint()
         return stop
 
+    def _whole_model(self) -> Model | None:
+        """The model as one process holds it, on the main process (None on the others); under
+        fsdp every process takes part in gathering it."""
+        if not self.parallel.sharded:
+            return self.model if self.dist.main else None
+        state = self.parallel.full_state()
+        if not self.dist.main:
+            return None
+        with torch.random.fork_rng(devices=[]):  # its initial draws do not move the training's random stream
+            whole = build_model(self.model.cfg)  # on the CPU, its tied tables one tensor as in the sharded model
+        whole.load_state_dict(state)
+        return whole
+
     def _save_checkpoint(self) -> None:
+        """Write this step's checkpoint (the whole model and optimizer state, as one process would)
+        and remove the oldest beyond train.keep_last; every process takes part under fsdp."""
+        model = self._whole_model()
+        optimizer = self.parallel.full_optimizer_state(self.optimizer)
+        if not self.dist.main:
+            return
         path = self.ckpt_dir / f"step_{self.state['step']:08d}"
-        save_checkpoint(path, self.model, self.tokenizer, self.optimizer, self.state)
+        save_checkpoint(path, model, self.tokenizer, optimizer, self.state)
         for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
             remove_directory(old)  # renamed away first: a Ctrl-C midway leaves no half-deleted step_*
 

@@ -1,0 +1,189 @@
+"""Scale-out (train/distributed.py): FSDP2 with two CPU processes equals one process accumulating
+two micro-batches, its checkpoints load into one process and resume either way, a rank killed
+with SIGKILL leaves the last checkpoint whole, two "nodes" on the loopback address equal one node,
+and activation checkpointing gives the gradients of the plain backward."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from atencion.config import ModelConfig
+from atencion.nn.model_dir import build_model, load_model
+from atencion.train.checkpoint import list_checkpoints
+from atencion.train.config import load_config
+from atencion.train.distributed import set_activation_checkpointing
+from atencion.train.trainer import train
+
+ROOT = Path(__file__).parent.parent
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+
+
+def write_data(directory: Path) -> dict[str, dict[str, str]]:
+    """A translation corpus of number words and a text for a language model; the settings of each task."""
+    words = "uno dos tres cuatro cinco seis siete ocho nueve diez".split()
+    numbers = "one two three four five six seven eight nine ten".split()
+    g = torch.Generator().manual_seed(0)
+    src, tgt = [], []
+    for _ in range(300):
+        idx = torch.randint(0, 10, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+        src.append(" ".join(words[i] for i in idx))
+        tgt.append(" ".join(numbers[i] for i in reversed(idx)))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "train.es").write_text("\n".join(src) + "\n")
+    (directory / "train.en").write_text("\n".join(tgt) + "\n")
+    (directory / "text.txt").write_text("\n".join(f"{a} and then {b}" for a, b in zip(src, tgt)) + "\n")
+    common = {"model.d_ff": 64, "model.n_heads": 2, "model.dropout": 0.0, "train.warmup": 20,
+              "train.lr_peak": 0.01, "train.progress": False, "train.tensorboard": False, "train.threads": 1,
+              "train.device": "cpu", "train.clip_norm": 0.5,
+              # W^K's bias has no gradient (softmax ignores a shift per query) but rounding noise of
+              # 1e-10, which Adam with the paper's eps of 1e-9 turns into whole steps: the noise of a
+              # sum taken in another order would then decide those weights
+              "train.adam_eps": 1e-5}
+    return {
+        "translate": {**common, "data.train_src": str(directory / "train.es"),
+                      "data.train_tgt": str(directory / "train.en"), "data.vocab_size": 40, "model.d_model": 32,
+                      "model.n_layers": 2, "train.max_tokens": 256, "train.valid_bleu": False},
+        "lm": {**common, "task": "lm", "data.train_text": str(directory / "text.txt"), "data.tokenizer": "char",
+               "data.block_size": 32, "model.preset": "gpt-tiny", "model.d_model": 32, "model.n_layers": 2,
+               "train.max_tokens": 128},
+    }
+
+
+def one_process(settings: dict, out: Path, resume: bool = False, **more) -> Path:
+    """One process accumulating two micro-batches: the last checkpoint."""
+    values = {**settings, "train.accum_steps": 2, **more}
+    train(load_config(None, [f"{k}={v}" for k, v in values.items()]), out, resume=resume)
+    return list_checkpoints(out / "checkpoints")[-1]
+
+
+def launch(settings: dict, out: Path, port: int, *launcher: str, resume: bool = False, **more) -> list[str]:
+    """The torchrun command of a run of ``settings`` with one micro-batch per process."""
+    args = [a for k, v in {**settings, "train.accum_steps": 1, **more}.items() for a in ("--set", f"{k}={v}")]
+    return [sys.executable, "-m", "torch.distributed.run", *(launcher or ("--nproc_per_node", "2", "--master_port",
+            str(port))), "-m", "atencion", "train", "configs/reference.yaml", *args, "--out", str(out),
+            *(["--resume"] if resume else [])]
+
+
+def run(command: list[str]) -> None:
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stderr[-4000:]}"
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        mine, theirs = load_file(str(a / name)), load_file(str(b / name))
+        assert mine.keys() == theirs.keys(), name
+        for key in mine:
+            torch.testing.assert_close(theirs[key], mine[key], atol=1e-6, rtol=1e-5, msg=f"{name}: {key}")
+
+
+@pytest.mark.parametrize("task", ["translate", "lm"])
+def test_fsdp_on_two_processes_equals_one_process_accumulating_two(task, tmp_path):
+    settings = write_data(tmp_path / "data")[task]
+    one = one_process({**settings, "train.max_steps": 5}, tmp_path / "one")
+    run(launch({**settings, "train.max_steps": 5}, tmp_path / "two", 29561, **{"train.distributed": "fsdp"}))
+    two = list_checkpoints(tmp_path / "two" / "checkpoints")[-1]
+    assert_same_checkpoint(one, two)
+    # what the two processes wrote loads into one, and computes what the one-process model does
+    ids = torch.randint(4, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    loaded, reference = load_model(two).eval(), load_model(one).eval()
+    with torch.no_grad():
+        inputs = (ids, ids) if task == "translate" else (ids,)
+        torch.testing.assert_close(loaded(*inputs), reference(*inputs), atol=1e-5, rtol=1e-5)
+    log = (tmp_path / "two" / "log.jsonl").read_text()
+    assert '"stopped_by": "max_steps"' in log
+
+
+def test_a_one_process_checkpoint_resumes_under_fsdp_and_back(tmp_path):
+    settings = {**write_data(tmp_path / "data")["translate"], "train.valid_every": 3}
+    whole = one_process({**settings, "train.max_steps": 6}, tmp_path / "whole")
+    # one process for 3 updates, then two processes under fsdp to 6
+    one_process({**settings, "train.max_steps": 3}, tmp_path / "to_fsdp")
+    run(launch({**settings, "train.max_steps": 6}, tmp_path / "to_fsdp", 29562, resume=True,
+               **{"train.distributed": "fsdp"}))
+    assert_same_checkpoint(whole, list_checkpoints(tmp_path / "to_fsdp" / "checkpoints")[-1])
+    # two processes under fsdp for 3 updates, then one process to 6
+    run(launch({**settings, "train.max_steps": 3}, tmp_path / "from_fsdp", 29563, **{"train.distributed": "fsdp"}))
+    back = one_process({**settings, "train.max_steps": 6}, tmp_path / "from_fsdp", resume=True)
+    assert_same_checkpoint(whole, back)
+
+
+def test_a_rank_killed_with_sigkill_leaves_the_last_checkpoint_whole_and_resumable(tmp_path):
+    settings = {**write_data(tmp_path / "data")["translate"], "train.valid_every": 2, "train.max_epochs": 1000,
+                "train.distributed": "fsdp"}
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(launch({**settings, "train.max_steps": 100000}, out, 29564), cwd=ROOT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while len(list_checkpoints(out / "checkpoints")) < 3 and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(list_checkpoints(out / "checkpoints")) >= 3, "no checkpoints within 120 s"
+        ranks = subprocess.run(["ps", "--ppid", str(launcher.pid), "-o", "pid="], capture_output=True,
+                               text=True).stdout.split()
+        assert len(ranks) == 2, ranks
+        os.kill(int(ranks[-1]), signal.SIGKILL)
+        launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 0
+    last = list_checkpoints(out / "checkpoints")[-1]
+    load_model(last)  # whole: the model loads
+    step = int(last.name.split("_")[1])
+    run(launch({**settings, "train.max_steps": step + 2}, out, 29565, resume=True))
+    assert list_checkpoints(out / "checkpoints")[-1].name == f"step_{step + 2:08d}"
+
+
+def test_two_nodes_on_the_loopback_address_equal_one_node(tmp_path):
+    settings = {**write_data(tmp_path / "data")["lm"], "train.max_steps": 4, "train.distributed": "fsdp"}
+    run(launch(settings, tmp_path / "one_node", 29566))
+    nodes = [subprocess.Popen(launch(settings, tmp_path / "two_nodes", 0, "--nnodes", "2", "--nproc_per_node", "1",
+                                     "--node_rank", str(rank), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                                     "127.0.0.1:29567", "--rdzv_id", "atencion-test"),
+                              cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    errors = [node.communicate(timeout=300)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors[0][-3000:] + errors[1][-3000:]
+    assert_same_checkpoint(list_checkpoints(tmp_path / "one_node" / "checkpoints")[-1],
+                           list_checkpoints(tmp_path / "two_nodes" / "checkpoints")[-1])
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_activation_checkpointing_gives_the_gradients_of_the_plain_backward(arch):
+    cfg = ModelConfig(vocab_size=50, arch=arch, d_model=32, d_ff=64, n_heads=4, n_layers=2, dropout=0.2,
+                      attention_dropout=0.1, max_positions=64)
+    model = build_model(cfg).train()
+    ids = torch.randint(4, 50, (3, 11), generator=torch.Generator().manual_seed(0))
+    inputs = (ids, ids[:, :7]) if arch == "encoder-decoder" else (ids,)
+    first = next(m for m in model.modules() if type(m).__name__ == "Block")
+    calls = []
+    first.self_attn.register_forward_hook(lambda *_: calls.append(1))
+
+    def gradients(on: bool, seed: int = 3) -> dict[str, torch.Tensor]:
+        assert set_activation_checkpointing(model, on) == (4 if arch == "encoder-decoder" else 2)
+        model.zero_grad()
+        calls.clear()
+        torch.manual_seed(seed)  # the same dropout masks
+        model(*inputs).logsumexp(-1).sum().backward()
+        assert len(calls) == (2 if on else 1)  # checkpointed: the block runs again in backward
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain, recomputed = gradients(False), gradients(True)
+    assert plain.keys() == recomputed.keys() and plain
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=0, msg=name)
+    other = gradients(False, seed=4)  # other masks, other gradients: the masks are what is matched above
+    assert any(not torch.allclose(other[name], plain[name]) for name in plain)
