@@ -33,9 +33,9 @@ from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..tasks import Task, make_task
-from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import OptimConfig, TrainConfig, dump_config, load_config
+from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .schedule import learning_rate
 
 log = logging.getLogger(__name__)
