@@ -187,3 +187,103 @@ def test_activation_checkpointing_gives_the_gradients_of_the_plain_backward(arch
         torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=0, msg=name)
     other = gradients(False, seed=4)  # other masks, other gradients: the masks are what is matched above
     assert any(not torch.allclose(other[name], plain[name]) for name in plain)
+
+
+# token files ------------------------------------------------------------------------------------
+
+
+def tokenize(tmp_path: Path, texts: list[Path], tokenizer: Path, name: str) -> Path:
+    from atencion.cli import main
+
+    out = tmp_path / name
+    assert main(["tokenize", *map(str, texts), "--tokenizer", str(tokenizer), "--out", str(out)]) == 0
+    return out
+
+
+def test_a_token_file_reads_back_the_tokens_written_across_file_boundaries(tmp_path):
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.data.tokens import HEADER_BYTES, TokenStream, read_header
+    from atencion.tasks.lm import text_stream
+
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("hola mundo\nadiós\n")
+    second.write_text("otra línea más\n")
+    tokenizer = Tokenizer.train_text(["hola mundo", "adiós", "otra línea más"], "char", 0)
+    tokenizer.save(tmp_path / "tok")
+    files = [tokenize(tmp_path, [first], tmp_path / "tok", "a.tokens"),
+             tokenize(tmp_path, [second], tmp_path / "tok", "b.tokens")]
+    expected = text_stream(["hola mundo", "adiós"], tokenizer) + text_stream(["otra línea más"], tokenizer)
+    stream = TokenStream(files, "data.train_tokens", tokenizer)
+    assert stream.numel() == len(expected)
+    assert stream[0:stream.numel()].tolist() == expected
+    for a in range(0, len(expected), 3):  # every slice, those across the boundary too
+        for b in range(a, len(expected) + 1, 4):
+            assert stream[a:b].tolist() == expected[a:b]
+    header = read_header(files[0], "x")
+    assert header["dtype"] == "uint16" and header["count"] == len(text_stream(["hola mundo", "adiós"], tokenizer))
+    assert files[0].stat().st_size == HEADER_BYTES + 2 * header["count"]
+
+
+def test_a_vocabulary_beyond_65536_ids_is_written_as_uint32(tmp_path):
+    from atencion.data.tokens import TokenStream, write_tokens
+
+    class Big:  # a stand-in tokenizer: what write_tokens asks of one
+        src_vocab_size = 70_000
+
+        def save(self, directory):
+            (Path(directory) / "vocab.txt").write_text("big")
+
+    ids = [0, 65_535, 65_536, 69_999]
+    header = write_tokens(tmp_path / "big.tokens", [ids], Big(), ["x"])
+    assert header["dtype"] == "uint32"
+    assert TokenStream(tmp_path / "big.tokens", "x")[0:4].tolist() == ids
+
+
+def test_token_files_are_refused_in_one_line_when_damaged_foreign_or_there_already(tmp_path, capsys):
+    from atencion.cli import main
+    from atencion.data.tokenizer import Tokenizer
+
+    (tmp_path / "t.txt").write_text("abc\n")
+    Tokenizer.train_text(["abc"], "char", 0).save(tmp_path / "tok")
+    Tokenizer.train_text(["xyz"], "char", 0).save(tmp_path / "other")
+    good = tokenize(tmp_path, [tmp_path / "t.txt"], tmp_path / "tok", "t.tokens")
+    before = good.read_bytes()
+    assert main(["tokenize", str(tmp_path / "t.txt"), "--tokenizer", str(tmp_path / "tok"), "--out", str(good)]) == 2
+    assert "exists" in capsys.readouterr().err and good.read_bytes() == before
+    (tmp_path / "cut.tokens").write_bytes(before[:-1])
+    (tmp_path / "text.tokens").write_text("not tokens\n")
+    base = {"task": "lm", "data.tokenizer_dir": str(tmp_path / "tok"), "model.preset": "gpt-tiny",
+            "data.block_size": 2, "train.max_steps": 1, "train.progress": False, "train.tensorboard": False}
+    cases = {str(tmp_path / "cut.tokens"): "cut short", str(tmp_path / "text.tokens"): "not a token file"}
+    for path, words in cases.items():
+        args = [f"--set={k}={v}" for k, v in {**base, "data.train_tokens": path}.items()]
+        assert main(["train", "configs/reference.yaml", *args, "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert words in err and path in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    args = [f"--set={k}={v}" for k, v in {**base, "data.train_tokens": str(good),
+                                          "data.tokenizer_dir": str(tmp_path / "other")}.items()]
+    assert main(["train", "configs/reference.yaml", *args, "--out", str(tmp_path / "run2")]) == 2
+    assert "another tokenizer" in capsys.readouterr().err
+
+
+def test_fsdp_on_token_files_equals_one_process_on_the_text(tmp_path):
+    """The stream a token file holds is the text's: one process on the text and two (each reading
+    its own blocks of the memory-mapped files) end with the same weights."""
+    settings = write_data(tmp_path / "data")["lm"]
+    text = Path(settings.pop("data.train_text"))
+    lines = text.read_text().splitlines()
+    (tmp_path / "train.txt").write_text("\n".join(lines[:200]) + "\n")
+    (tmp_path / "more.txt").write_text("\n".join(lines[200:260]) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(lines[260:]) + "\n")
+    settings = {**settings, "train.max_steps": 4}
+    one = one_process({**settings, "data.train_text": f"[{tmp_path / 'train.txt'}, {tmp_path / 'more.txt'}]",
+                       "data.valid_text": tmp_path / "valid.txt"}, tmp_path / "one")
+    tokenizer = one.parent.parent  # the run directory holds the tokenizer it trained
+    files = [tokenize(tmp_path, [tmp_path / name], tokenizer, f"{name}.tokens") for name in ("train.txt", "more.txt")]
+    valid = tokenize(tmp_path, [tmp_path / "valid.txt"], tokenizer, "valid.tokens")
+    run(launch({**settings, "data.train_tokens": f"[{files[0]}, {files[1]}]", "data.valid_tokens": valid,
+                "data.tokenizer_dir": tokenizer}, tmp_path / "two", 29568, **{"train.distributed": "fsdp"}))
+    assert_same_checkpoint(one, list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
+    records = [line for line in (tmp_path / "two" / "log.jsonl").read_text().splitlines() if "valid_loss" in line]
+    reference = [line for line in (tmp_path / "one" / "log.jsonl").read_text().splitlines() if "valid_loss" in line]
+    assert records and records[-1].split('"valid_loss": ')[1][:8] == reference[-1].split('"valid_loss": ')[1][:8]

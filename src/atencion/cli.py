@@ -479,6 +479,21 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(json.dumps(import_dir(args.directory, args.out)))
 
 
+def add_tokenize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="plain-text files (or .gz), read in this order")
+    p.add_argument("--tokenizer", required=True, help="a directory with the tokenizer: a model's, a training "
+                                                      "run's, or a Hugging Face tokenizer's (tokenizer.json)")
+    p.add_argument("--out", required=True, help="the token file to write (new; nothing is overwritten)")
+
+
+def cmd_tokenize(args: argparse.Namespace) -> None:
+    """Tokenize text once into a token file (uint16/uint32 ids after a JSON header) that
+    ``task: lm`` reads memory-mapped through data.train_tokens."""
+    from .tasks.lm import tokenize_files
+
+    print(json.dumps(tokenize_files(args.tokenizer, args.texts, args.out)))
+
+
 def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a LoRA model directory (adapters over a base model)")
     p.add_argument("--out", required=True, help="output model directory, new or empty")
@@ -515,6 +530,8 @@ COMMANDS = [
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
     ("import", "convert a Hugging Face model directory into an atencion one", add_import_arguments, cmd_import),
+    ("tokenize", "write text as a token file for data.train_tokens (task lm)", add_tokenize_arguments,
+     cmd_tokenize),
 ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -24,10 +25,11 @@ from torch import Tensor
 from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
 from ..data.tokenizer import EOS_ID, Tokenizer, check_text
+from ..data.tokens import TokenStream, write_tokens
 from ..decode.sample import check_sampling, generate_ids
 from ..decode.speculative import check_draft, speculative_ids
 from ..errors import AtencionError, Diverged
-from ..fileio import need_file
+from ..fileio import need_dir, need_file
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
 from .base import (
@@ -118,12 +120,51 @@ def lm_scores(model, stream: Tensor, block_size: int, batch_blocks: int, device,
             "tokens": tokens, "block_size": block_size}
 
 
+def tokenize_files(tokenizer: str, texts: list[str], out: str) -> dict:
+    """`atencion tokenize`: write the token stream of the text files ``texts`` (in order, each read
+    whole) as ``task: lm`` reads them (``text_stream``: line breaks as the tokenizer keeps them) into
+    the token file ``out`` (data/tokens.py), with the tokenizer of the directory ``tokenizer`` (a
+    model or run directory, or a Hugging Face tokenizer's). Returns the file's header."""
+    if not texts:
+        raise AtencionError("tokenize: give at least one text file")
+    loaded = Tokenizer.load(need_dir(tokenizer, "--tokenizer"))
+    for path in texts:
+        need_file(path, "TEXT")
+    streams = (text_stream(read_lines(path), loaded) for path in texts)
+    return {"out": str(out), **write_tokens(out, streams, loaded, [str(Path(p)) for p in texts])}
+
+
 class LMTask(Task):
     name = "lm"
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.train_lines, self.valid_lines, self.tail_of = text_splits(cfg)
+        d = cfg.data
+        if d.train_tokens is not None:  # token files: read when the tokenizer is known (encode)
+            self.train_lines = self.valid_lines = None
+        else:
+            self.train_lines, self.valid_lines, self.tail_of = text_splits(cfg)
+
+    def train_tokenizer(self) -> Tokenizer:
+        """data.tokenizer_dir's tokenizer (token files must give one: theirs), or one trained on the text."""
+        d = self.cfg.data
+        if d.tokenizer_dir is not None:
+            return Tokenizer.load(need_dir(d.tokenizer_dir, "data.tokenizer_dir"))
+        if d.train_tokens is not None:
+            raise AtencionError("data.train_tokens: token files are read with the tokenizer that wrote them; set "
+                                "data.tokenizer_dir to its directory")
+        return super().train_tokenizer()
+
+    def _encode_token_files(self, tokenizer: Tokenizer) -> None:
+        """data.train_tokens (and data.valid_tokens, or the held-out tail), memory-mapped."""
+        d = self.cfg.data
+        stream = TokenStream(d.train_tokens, "data.train_tokens", tokenizer)
+        if d.valid_tokens is not None:
+            self.stream, self.valid_stream = stream, TokenStream(d.valid_tokens, "data.valid_tokens", tokenizer)
+        else:
+            self.stream, self.valid_stream = stream.tail(d.valid_fraction)
+        self.valid_characters = None  # bits per token: the characters are not in the file
+        self.tail_of = None
 
     def tokenizer_texts(self) -> list[str]:
         if self.cfg.data.tokenizer == "char":  # the stream keeps its newlines: they are characters too
@@ -133,16 +174,20 @@ class LMTask(Task):
     def encode(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         block = self.cfg.data.block_size
-        self.stream = torch.tensor(text_stream(self.train_lines, tokenizer), dtype=torch.long)
+        if self.cfg.data.train_tokens is not None:
+            self._encode_token_files(tokenizer)
+        else:
+            self.stream = torch.tensor(text_stream(self.train_lines, tokenizer), dtype=torch.long)
         if self.stream.numel() < block + 1:
             raise AtencionError(f"data.train_text: the training text has {self.stream.numel()} tokens, fewer than "
                                 f"one block of data.block_size={block} + 1")
-        self.valid_stream = torch.tensor(text_stream(self.valid_lines, tokenizer), dtype=torch.long)
+        if self.cfg.data.train_tokens is None:
+            self.valid_stream = torch.tensor(text_stream(self.valid_lines, tokenizer), dtype=torch.long)
+            # SentencePiece: the characters of the validation lines (with their newlines)
+            self.valid_characters = None if tokenizer.kind == "char" else sum(len(x) + 1 for x in self.valid_lines)
         if self.valid_stream.numel() < 2:
             refuse_empty_tail(self.cfg, self.tail_of)
             raise AtencionError("data: the validation text has fewer than 2 tokens")
-        # SentencePiece: the characters of the validation lines (with their newlines)
-        self.valid_characters = None if tokenizer.kind == "char" else sum(len(x) + 1 for x in self.valid_lines)
         log.info("lm: %d training tokens, %d validation tokens", self.stream.numel(), self.valid_stream.numel())
         self._blocks: tuple[int, list] | None = None
 

@@ -33,6 +33,11 @@ class DataConfig:
     train_text: str | list[str] | None = None   # lm, mlm: plain-text files (one path or a list)
     valid_text: str | list[str] | None = None   # lm, mlm: validation text; if absent, the held-out tail
     valid_fraction: float = 0.1         # lm, mlm without valid_text: the last this share of the text validates
+    train_tokens: str | list[str] | None = None  # lm: token files (`atencion tokenize`), memory-mapped, in
+                                        # place of train_text
+    valid_tokens: str | list[str] | None = None  # lm: validation token files; if absent, the held-out tail
+    tokenizer_dir: str | None = None    # lm: use this directory's tokenizer (a model's, a run's, a Hugging Face
+                                        # tokenizer's) instead of training one; token files need theirs
     block_size: int = 256               # lm: tokens per training block (the context length)
     mask_probability: float = 0.15      # mlm: share of the tokens chosen for prediction (BERT: 15%)
     header: str = "auto"                # classify TSV: "auto" (a first line whose label is no label), "yes", "no"
@@ -357,6 +362,14 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if cfg.task == "translate" and d.tokenizer != "sentencepiece":
         raise AtencionError(f"{source}: data.tokenizer: {d.tokenizer} is for the single-stack tasks (lm, mlm, "
                             f"classify)")
+    if (d.train_tokens is not None or d.valid_tokens is not None or d.tokenizer_dir is not None) \
+            and cfg.task != "lm":
+        raise AtencionError(f"{source}: data.train_tokens, data.valid_tokens and data.tokenizer_dir are for task lm")
+    if d.train_tokens is not None and d.train_text is not None:
+        raise AtencionError(f"{source}: give data.train_text or data.train_tokens, not both")
+    if d.valid_tokens is not None and d.train_tokens is None:
+        raise AtencionError(f"{source}: data.valid_tokens goes with data.train_tokens (text validates with "
+                            f"data.valid_text)")
     if t.lora is not None:
         try:
             LoraSpec.from_config(t.lora)
