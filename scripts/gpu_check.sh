@@ -4,7 +4,9 @@
 #   bash scripts/gpu_check.sh [OUT_DIR] [MULTI30K_DIR] [MINUTES]
 # 1. tests/test_cuda.py (GPU = CPU for forward and search; bf16 loss; bf16 training + resume);
 # 2. benchmarks/speed.py --quick on the GPU, fp32 and bf16 (atencion vs Hugging Face);
-# 3. the Multi30k En→De Tiny recipe on the GPU under bf16 for MINUTES (default 3) minutes.
+# 3. the Multi30k En→De Tiny recipe on the GPU under bf16 for MINUTES (default 3) minutes;
+# 4. configs/gpt2_124m.yaml for 30 updates (Tiny Shakespeare's token files): tokens/s and MFU, under
+#    ddp on one GPU, and under fsdp on every GPU the machine has (torchrun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu-check}
@@ -19,3 +21,7 @@ python3 benchmarks/speed.py --quick --device cuda --bf16 --json --data "$data" |
 python3 benchmarks/multi30k.py --data "$data" --out "$out/m30k" --minutes "$minutes" \
     --set train.device=cuda --set train.bf16=true --set train.progress=false \
     --set train.tensorboard=false --set train.max_steps=100000 --set decode.beam=1 2> "$out/m30k.log" | tee "$out/m30k.json"
+python3 benchmarks/gpt2_recipe.py --out "$out/gpt2" 2> "$out/gpt2.log" | tee "$out/gpt2.json"
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+python3 -m torch.distributed.run --nproc-per-node "$gpus" benchmarks/gpt2_recipe.py --out "$out/gpt2-fsdp" \
+    --set train.distributed=fsdp 2> "$out/gpt2-fsdp.log" | tee "$out/gpt2-fsdp.json"

@@ -287,3 +287,32 @@ def test_fsdp_on_token_files_equals_one_process_on_the_text(tmp_path):
     records = [line for line in (tmp_path / "two" / "log.jsonl").read_text().splitlines() if "valid_loss" in line]
     reference = [line for line in (tmp_path / "one" / "log.jsonl").read_text().splitlines() if "valid_loss" in line]
     assert records and records[-1].split('"valid_loss": ')[1][:8] == reference[-1].split('"valid_loss": ')[1][:8]
+
+
+def test_the_gpt2_124m_recipe_in_miniature_trains_under_fsdp_on_token_files_and_generates(tmp_path):
+    """configs/gpt2_124m.yaml as it is, but a small model and a few updates on the CPU: a Hugging
+    Face byte-level BPE tokenizer directory, token files written by `atencion tokenize`, two
+    processes under fsdp; the result generates."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    from test_hf_dirs import byte_level_bpe
+
+    from atencion.cli import main
+
+    byte_level_bpe().save_pretrained(tmp_path / "tokenizer")
+    text = write_data(tmp_path / "data")["lm"]["data.train_text"]
+    train_tokens = tokenize(tmp_path, [Path(text)], tmp_path / "tokenizer", "train.tokens")
+    valid_tokens = tokenize(tmp_path, [tmp_path / "data" / "train.en"], tmp_path / "tokenizer", "valid.tokens")
+    small = {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2,
+             "model.max_positions": 64, "data.block_size": 32, "train.max_tokens": 128, "train.accum_steps": 1,
+             "train.max_steps": 3, "train.warmup": 1, "train.valid_every": 3, "train.bf16": False,
+             "train.distributed": "fsdp", "train.device": "cpu", "train.threads": 1, "train.progress": False,
+             "train.tensorboard": False, "data.train_tokens": train_tokens, "data.valid_tokens": valid_tokens,
+             "data.tokenizer_dir": tmp_path / "tokenizer"}
+    args = [a for k, v in small.items() for a in ("--set", f"{k}={v}")]
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29569", "-m",
+         "atencion", "train", "configs/gpt2_124m.yaml", *args, "--out", str(tmp_path / "run")])
+    summary = [line for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines() if "summary" in line]
+    assert '"steps": 3' in summary[-1]
+    assert main(["generate", "--model", str(tmp_path / "run" / "best"), "--prompt", "the cat",
+                 "--max-new-tokens", "5", "--temperature", "0"]) == 0
