@@ -295,9 +295,8 @@ def test_the_gpt2_124m_recipe_in_miniature_trains_under_fsdp_on_token_files_and_
     processes under fsdp; the result generates."""
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
-    from test_hf_dirs import byte_level_bpe
-
     from atencion.cli import main
+    from test_hf_dirs import byte_level_bpe
 
     byte_level_bpe().save_pretrained(tmp_path / "tokenizer")
     text = write_data(tmp_path / "data")["lm"]["data.train_text"]
