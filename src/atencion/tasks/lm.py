@@ -323,9 +323,12 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
     new: list[list[int]] = [[] for _ in range(num_samples)]
     shown = [""] * num_samples
 
-    def show() -> None:
+    def show(final: bool = False) -> None:
         for k, row in enumerate(new):
             text = continuation(row)
+            # a character whose bytes are split over tokens (byte-level BPE) decodes as U+FFFD
+            # until its last byte comes: held back until then, or until the text is done
+            text = text if final else text.rstrip("\ufffd")
             if text.startswith(shown[k]) and len(text) > len(shown[k]):
                 on_text(k, text[len(shown[k]):])
                 shown[k] = text
@@ -336,15 +339,20 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
         if on_text is not None:
             show()
 
+    def done() -> list[str]:
+        if on_text is not None:
+            show(final=True)
+        return [continuation(row) for row in new]
+
     rows = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
     stop = (tokenizer.specials.stop if tokenizer.foreign else None) or None
     if draft is None:
         generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, stop, on_step=on_step)
-        return [continuation(row) for row in new]
+        return done()
     for k in range(num_samples):  # one text at a time: each accepts its own number of draft tokens per round
         speculative_ids(model, draft, rows[k:k + 1], max_new_tokens, draft_tokens, temperature, top_k, top_p,
                         generator, stop, on_step=lambda step, tokens, k=k: on_step(step, tokens, [new[k]]))
-    return [continuation(row) for row in new]
+    return done()
 
 
 def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_tokenizer: Tokenizer) -> None:
