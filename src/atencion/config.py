@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +124,8 @@ class ModelConfig:
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
-        if not POSITIONS:  # the registry fills when nn/positional.py is first imported (it needs torch)
-            import_module(".nn.positional", __package__)
-        _require_choice("positional", self.positional, tuple(POSITIONS))
-        problem = POSITIONS[self.positional].check(self) if self.arch != "rnn" else None  # an RNN has no positions
-        if problem:
-            raise AtencionError(problem)
+        if POSITIONS:  # filled when nn/positional.py is imported (it needs torch); a config made before
+            check_positional(self)  # that is checked when its model is built (nn/positional.position_kind)
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             raise AtencionError(f"rope_base must be a number > 1, got {self.rope_base!r}")
         if self.rope_scaling is not None:
@@ -251,6 +246,14 @@ class ModelConfig:
 # The position kinds ``positional`` may name (nn/positional.py's PositionKind: role, module, length
 # limit, check), filled by nn/positional.py, which ModelConfig imports before it checks the first config.
 POSITIONS: dict[str, Any] = {}
+
+
+def check_positional(cfg: "ModelConfig") -> None:
+    """``positional`` must name a kind of POSITIONS, and the config must suit it (its ``check``)."""
+    _require_choice("positional", cfg.positional, tuple(POSITIONS))
+    problem = POSITIONS[cfg.positional].check(cfg) if cfg.arch != "rnn" else None  # an RNN has no positions
+    if problem:
+        raise AtencionError(problem)
 ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
 TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import POSITIONS
+from ..config import POSITIONS, check_positional
 from ..errors import AtencionError
 
 
@@ -288,7 +288,9 @@ def kinds(role: str) -> tuple[str, ...]:
 
 
 def position_kind(cfg) -> PositionKind:
-    """The kind ``cfg.positional`` names (ModelConfig has checked that it is a key of POSITIONS)."""
+    """The kind ``cfg.positional`` names, checked (a ModelConfig made before this module was
+    imported has not been: config.py does not import torch)."""
+    check_positional(cfg)
     return POSITIONS[cfg.positional]
 
 
