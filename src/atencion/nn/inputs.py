@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ARCHS, INPUTS
+from ..data.images import read_image
 from ..errors import AtencionError
 from .positional import TokenEmbedding
 
@@ -118,10 +119,12 @@ class InputKind:
     ``required`` and ``defaults``: its settings (config.json holds them all, completed);
     ``check(cfg, settings)``: why a value is wrong (one line naming ``inputs.<key>``), or None.
     ``build(cfg)``: the module of the encoder's input. ``preset``: the preset a training config
-    of this kind starts from when it names none (tokens: the task's). ``read(path, settings)``: one example from
-    a file, a float tensor (a bad file: an AtencionError naming it); ``collate(examples)``: the
-    batch and its lengths (None when every example has the same size). tokens has neither: text
-    goes through the tokenizer."""
+    of this kind starts from when it names none (tokens: the task's). ``read(path, settings)``:
+    one example from a file, a float tensor (a bad file: an AtencionError naming it);
+    ``collate(examples)``: the batch and its lengths (None when every example has the same
+    size); ``positions(example, settings)``: how many positions the encoder gives it (what
+    train.max_tokens and --batch-tokens count). tokens has none of the three: text goes through
+    the tokenizer."""
 
     name: str
     takes: str
@@ -133,6 +136,7 @@ class InputKind:
     preset: str | None = None
     read: Callable[[Path, dict], Tensor] | None = None
     collate: Callable[[list[Tensor]], tuple[Tensor, Tensor | None]] | None = None
+    positions: Callable[[Tensor, dict], int] | None = None
 
     @property
     def tokens(self) -> bool:
@@ -145,6 +149,11 @@ def stack_images(examples: list[Tensor]) -> tuple[Tensor, None]:
     return torch.stack(examples), None
 
 
+def _patches(image: Tensor, settings: dict) -> int:
+    """[CLS] and the patches of one image."""
+    return 1 + (settings["size"][0] // settings["patch"]) * (settings["size"][1] // settings["patch"])
+
+
 # config.INPUTS is the table ModelConfig checks ``inputs`` against; it is filled here, once.
 INPUTS.update({kind.name: kind for kind in (
     # §3.4: token ids, each a learned d_model-wide vector × √d_model.
@@ -155,7 +164,8 @@ INPUTS.update({kind.name: kind for kind in (
               lambda cfg: PatchEmbedding(cfg.d_model, cfg.inputs["patch"], cfg.inputs["size"],
                                          cfg.inputs["channels"]),
               required=("patch", "size"), defaults={"channels": 3}, check=_patches_check, preset="vit-tiny",
-              collate=stack_images),
+              read=lambda path, settings: read_image(path, settings["channels"], settings["size"]),
+              collate=stack_images, positions=_patches),
 )})
 
 
@@ -182,3 +192,17 @@ def patch_grid(cfg) -> tuple[int, int] | None:
         return None
     size, patch = cfg.inputs["size"], cfg.inputs["patch"]
     return size[0] // patch, size[1] // patch
+
+
+def read_inputs(settings: dict, paths: list[Path], where: Callable[[int], str]) -> list[Tensor]:
+    """The examples at ``paths``, each read by the input kind of ``settings`` (a model's
+    ``inputs``); a bad file is refused in one line that names it after ``where(i)`` (the list or
+    TSV line that gives path i)."""
+    kind = INPUTS[settings["kind"]]
+    examples = []
+    for i, path in enumerate(paths):
+        try:
+            examples.append(kind.read(path, settings))
+        except AtencionError as err:
+            raise type(err)(f"{where(i)}: {err}") from None
+    return examples
