@@ -113,17 +113,22 @@ def check_model(model, tokenizer: Tokenizer, use: str) -> None:
 @dataclass
 class TaskBatch:
     """One micro-batch: the model's inputs, what the loss predicts, the number of units the loss
-    is summed over (target tokens, masked tokens or sentences) and the tokens it holds."""
+    is summed over (target tokens, masked tokens or sentences) and the tokens it holds (an
+    encoder of another kind of input: its positions). ``lengths``: the inputs' lengths, for an
+    input kind whose examples differ in length (nn/inputs.py)."""
 
     inputs: Tensor
     targets: Tensor
     units: int
     tokens: int
     decoder_inputs: Tensor | None = None
+    lengths: Tensor | None = None
 
     def to(self, device) -> TaskBatch:
         decoder_inputs = None if self.decoder_inputs is None else self.decoder_inputs.to(device)
-        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.units, self.tokens, decoder_inputs)
+        lengths = None if self.lengths is None else self.lengths.to(device)
+        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.units, self.tokens, decoder_inputs,
+                         lengths)
 
 
 class Task:
@@ -131,6 +136,7 @@ class Task:
 
     name = ""
     symbols: tuple[str, ...] = ()  # tokens a new vocabulary must hold (mlm: <mask>)
+    tokens = True                  # whether the model reads tokens (and so has a tokenizer)
 
     def __init__(self, cfg):
         self.cfg = cfg  # the run's TrainConfig (train/config.py, which reads TASKS: not imported here)
@@ -139,7 +145,8 @@ class Task:
         """The text a new tokenizer is trained on."""
         raise NotImplementedError
 
-    def train_tokenizer(self) -> Tokenizer:
+    def train_tokenizer(self) -> Tokenizer | None:
+        """The tokenizer a new run trains (None: a model without a vocabulary, a ViT)."""
         d = self.cfg.data
         return Tokenizer.train_text(self.tokenizer_texts(), d.tokenizer, d.vocab_size, d.model_type,
                                     d.character_coverage, self.symbols)

@@ -63,16 +63,18 @@ def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
     return removed
 
 
-def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer_state: dict | None = None,
+def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer | None, optimizer_state: dict | None = None,
                     trainer_state: dict[str, Any] | None = None) -> None:
     """Write a checkpoint (or, without optimizer state and trainer state, a plain model directory)
-    atomically. ``optimizer_state``: the optimizer's ``state_dict()`` as one process holds it (its
-    "state", by parameter index). Non-finite weights are refused by ``model.save`` inside the
-    temporary directory, so nothing takes the checkpoint's place."""
+    atomically; a model without a vocabulary (a ViT) has no ``tokenizer``. ``optimizer_state``: the
+    optimizer's ``state_dict()`` as one process holds it (its "state", by parameter index).
+    Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
+    takes the checkpoint's place."""
 
     def fill(tmp: Path) -> None:
         model.save(tmp)
-        tokenizer.save(tmp)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
         if optimizer_state is not None:
             (tmp / OPTIMIZER_FILE).write_bytes(save(_optimizer_tensors(optimizer_state)))  # a full disk: OSError
             rng = {"cpu": torch.get_rng_state()}

@@ -13,10 +13,11 @@ from typing import Any
 
 import yaml
 
-from ..config import ModelConfig
+from ..config import PRESETS, ModelConfig
 from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
+from ..nn.inputs import input_kind, input_kind_named
 from ..nn.lora import LoraSpec
 from ..nn.positional import position_limit
 from ..tasks import TASKS
@@ -50,6 +51,8 @@ class DataConfig:
     model_type: str = "bpe"             # "bpe" or "unigram"
     joint: bool = True                  # one vocabulary for source and target
     character_coverage: float = 1.0
+    shift: int = 0                      # classify on images: each training image moved by a random whole number of
+                                        # pixels in [-shift, shift] along each axis, zero-filled (augmentation)
 
 
 @dataclass
@@ -115,14 +118,16 @@ class TrainConfig:
                      start: ModelConfig | None = None) -> ModelConfig:
         """The run's model: the model section's over these vocabularies, or train.init_from's (``start``) re-headed."""
         task_values = task_values or {}  # what the data decides (a classifier's labels)
-        if start is None:  # a new model: the model section over the task's preset
+        if start is None:  # a new model: the model section over the task's preset (or its input kind's)
             values = {**self.model, **task_values}
-            preset = values.pop("preset", None if self.train.init_from else TASKS[self.task].preset)
+            kind = input_kind_named(values.get("inputs"))
+            default = TASKS[self.task].preset if kind is None or kind.tokens else kind.preset
+            preset = values.pop("preset", None if self.train.init_from else default)
             if self.task == "classify" and "pooling" not in values:
-                arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
+                arch = values.get("arch", PRESETS[preset].get("arch", "encoder-decoder") if preset in PRESETS else None)
                 if arch == "decoder":
                     values["pooling"] = "last"
-            values["vocab_size"] = vocab_size
+            values["vocab_size"] = vocab_size if kind is None or kind.tokens else 0  # images: no vocabulary
             if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
                 values["tgt_vocab_size"] = tgt_vocab_size
                 values.setdefault("share_embeddings", False)
@@ -156,6 +161,21 @@ class TrainConfig:
             raise AtencionError(f"{where}: {err}") from None
         check_task_model(self, model_cfg, where)
         return model_cfg
+
+    def stand_in_values(self) -> dict[str, Any]:
+        """What the task's data will decide about the model (``Task.model_values``), stood in for
+        before the data is read: the task, and a classifier's two labels."""
+        return {"task": self.task, **({"num_labels": 2} if self.task == "classify" else {})}
+
+    def model_inputs(self) -> dict[str, Any] | None:
+        """What the model this run trains reads (``ModelConfig.inputs``; None: tokens), known
+        before its data: train.init_from's, or the model section's over its preset."""
+        if self.train.init_from is not None:
+            from ..fileio import need_dir
+            from ..nn.model_dir import load_config as load_model_config
+
+            return load_model_config(need_dir(self.train.init_from, "train.init_from")).inputs
+        return self.model_config(self.data.vocab_size, None, self.stand_in_values()).inputs
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -207,6 +227,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         target = raw[section]
         if section == "model" and "." in name:  # a setting inside a model key's mapping: model.moe.experts=4
             outer, name = name.split(".", 1)
+            if isinstance(target.get(outer), str):  # a kind by its bare name (inputs: patches): {kind: patches}
+                target[outer] = {"kind": target[outer]}
             if not isinstance(target.get(outer), dict):
                 target[outer] = {}
             target = target[outer]
@@ -313,7 +335,7 @@ RANGES = {
     "train.patience": (0, True), "train.keep_last": (1, True), "train.log_every": (1, True),
     "train.threads": (0, True), "train.lr_min": (0.0, True), "data.block_size": (1, True),
     "data.valid_fraction": (0.0, False), "data.mask_probability": (0.0, False), "decode.beam": (1, True),
-    "decode.alpha": (0.0, True),
+    "decode.alpha": (0.0, True), "data.shift": (0, True),
     "decode.max_len_a": (0.0, True), "decode.max_len_b": (0, True), "decode.batch_tokens": (1, True),
 }
 
@@ -354,6 +376,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             cfg.early_stop_metric == "accuracy" and cfg.task != "classify":
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
                             f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
+    if d.shift and cfg.task != "classify":
+        raise AtencionError(f"{source}: data.shift moves the images a classifier trains on; task {cfg.task!r} "
+                            f"reads none: set data.shift: 0")
     if t.schedule == "cosine" and not t.max_steps:
         raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
                             f"set train.max_steps")
@@ -383,8 +408,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
-        task_values = {"task": cfg.task, **({"num_labels": 2} if cfg.task == "classify" else {})}
-        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, task_values)
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, cfg.stand_in_values())
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
@@ -401,7 +425,7 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
     limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
-    if limit is None:
+    if limit is None or not input_kind(model).tokens:  # another kind's length: its settings (checked in ModelConfig)
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
