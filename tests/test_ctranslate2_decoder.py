@@ -213,3 +213,14 @@ def test_each_engine_refuses_the_other_kind_of_export(tmp_path):
         ct2_translate(directory, [[5, 6, 3]], threads=1)
     with pytest.raises(ValueError, match="prompt 1 holds 64, not a token id"):
         ct2_generate(directory, [[5], [64]], 4)
+
+
+def test_a_vocabulary_whose_tokens_repeat_is_refused_naming_the_token(tmp_path):
+    """CTranslate2 maps tokens by name: a token twice would give two ids one name."""
+    from atencion.data.tokenizer import SPECIALS, CharVocab
+
+    tokenizer = Tokenizer(CharVocab([*SPECIALS, "a", "b", "a"]))
+    model = Transformer(ModelConfig.preset("gpt-tiny", vocab_size=tokenizer.vocab_size))
+    with pytest.raises(ValueError, match="the tokenizer has the token 'a' more than once"):
+        export(model, tmp_path / "ct2", "ctranslate2", tokenizer)
+    assert not (tmp_path / "ct2").exists()

@@ -1,7 +1,9 @@
 """Export to CTranslate2 (a C++ inference engine for Transformers) and decode with it like atencion.
 
 The model is described through CTranslate2's Python specification API (``TransformerSpec``) and
-every weight is copied from the atencion model; no converter of another toolkit is involved.
+every weight is copied from the atencion model; no converter of another toolkit is involved. This
+module holds the translator's spec and what both specs share (the vocabulary, writing and loading
+an export); a decoder-only model's spec and generation are in ``ctranslate2_decoder.py``.
 
 How atencion maps onto a ``TransformerSpec``:
 
@@ -68,13 +70,15 @@ def vocabulary(model, tokenizer, side: str) -> list[str]:
     if tokenizer.foreign and len(pieces) <= size:
         pieces = [piece or f"<id_{i}>" for i, piece in enumerate(pieces)]
         pieces += [f"<id_{i}>" for i in range(len(pieces), size)]
+    which = "the tokenizer" if cfg.arch == "decoder" else f"the {side} tokenizer"
     if len(pieces) != size:
-        raise AtencionError(f"the {side} tokenizer has {len(pieces)} tokens but the model's "
-                            f"{side} vocabulary has {size} entries")
-    if len(set(pieces)) != len(pieces):
-        twice = next(piece for i, piece in enumerate(pieces) if piece in pieces[:i])
-        raise AtencionError(f"the {side} tokenizer has the token {twice!r} more than once; CTranslate2 maps "
-                            f"tokens by name and needs them unique")
+        raise AtencionError(f"{which} has {len(pieces)} tokens but the model's vocabulary has {size} entries")
+    seen: set[str] = set()
+    for piece in pieces:
+        if piece in seen:
+            raise AtencionError(f"{which} has the token {piece!r} more than once; CTranslate2 maps tokens by "
+                                f"name and needs them unique")
+        seen.add(piece)
     return pieces
 
 
