@@ -1,7 +1,8 @@
 """Speed, side by side on one machine, same weights and inputs: atencion vs Hugging Face
 MarianMTModel (training and `generate`) vs CTranslate2 (float32, int8); and, for the language
 models (the `lm` part), atencion vs GPT2LMHeadModel and BertForMaskedLM, and today's decoder (the
-`llama` part: generation of a SmolLM-135M-shaped Llama against LlamaForCausalLM).
+`llama` part: generation of a SmolLM-135M-shaped Llama against LlamaForCausalLM and, on a CPU,
+CTranslate2 float32 and int8 on atencion's export of it).
 
     python benchmarks/speed.py                 # a table
     python benchmarks/speed.py --json          # one JSON object
@@ -42,6 +43,12 @@ atencion with `sequence_loss`, Hugging Face with `model(..., labels=...)`.
   engines alternate, each round in the other order; the ratio is the median of the rounds'
   ratios, with their range. `greedy_same` is the share of rows whose greedy tokens are
   identical in both (a mismatch is printed under the table).
+- The llama part runs the greedy generation above on a SmolLM-135M-shaped Llama (random weights,
+  a 49,152-token vocabulary), and CTranslate2 float32 and int8 (`ct2_generate` on atencion's
+  export, the same prompt, no stop token) in the same rounds: a second table gives atencion's
+  tokens/s over CTranslate2's (median of the rounds, range) and the share of CTranslate2's rows
+  with atencion's greedy tokens. Each CTranslate2 run loads its generator untimed before and
+  releases it after (a loaded one slows the engines beside it).
 
 On a GPU (--device cuda) the same comparison runs there, CTranslate2 left out; --bf16 trains
 under bf16 autocast (both engines) and measures the peak with bf16 matmuls.
@@ -364,25 +371,38 @@ def bert_loss(hf, b: LMBatch):
     return hf(input_ids=b.input_ids, attention_mask=b.input_ids != PAD, labels=b.labels).loss
 
 
-def timed_rounds(engines: dict, rounds: int, device: torch.device) -> tuple[dict, dict]:
+def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=()) -> tuple[dict, dict]:
     """Each engine's last output and its seconds per round; engines take turns, in the other
-    order every round. ``engines``: name → run(round, new_tokens)."""
+    order every round. ``engines``: name → run(round, new_tokens). The engines named in
+    ``reload`` (CTranslate2's) are loaded by a short untimed run before each timed one and
+    released after it: a loaded CTranslate2 engine slows the others in this process while it
+    waits (``time_decoders``)."""
+    from atencion.export.ctranslate2 import release_translators
+
     for run in engines.values():
         run(0, 4)  # warm-up
+    release_translators()
     outputs, seconds = {}, {name: [] for name in engines}
     for r in range(rounds):
         for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+            if name in reload:
+                engines[name](r, 1)
             synchronize(device)
             start = time.perf_counter()
             outputs[name] = engines[name](r, NEW_TOKENS)
             synchronize(device)
             seconds[name].append(time.perf_counter() - start)
+            if name in reload:
+                release_translators()
     return outputs, seconds
 
 
-def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device) -> dict:
+def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device, ct2_dir=None) -> dict:
     """Generation tokens/s of ``generate_ids`` and Hugging Face's ``generate`` (KV cache, no stop
-    token) from one prompt repeated over ``rows``; with ``greedy``, how many rows agree."""
+    token) from one prompt repeated over ``rows``; with ``greedy``, how many rows agree. With
+    ``ct2_dir`` (greedy only), CTranslate2 float32 and int8 on the export there (``ct2_generate``,
+    the same prompt and settings) are measured in the same rounds: their tokens/s, atencion's
+    ratio to each, and their rows' agreement with atencion's."""
     from atencion.decode.sample import generate_ids
 
     ours, hf = ours.to(device).eval(), hf.to(device).eval()
@@ -401,18 +421,45 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
                               eos_token_id=None, pad_token_id=PAD, **hf_sampling)
         return out[:, PROMPT:]
 
-    outputs, seconds = timed_rounds({"ours": run_ours, "hf": run_hf}, rounds, device)
-    ratios = [h / o for o, h in zip(seconds["ours"], seconds["hf"])]
+    engines = {"ours": run_ours, "hf": run_hf}
+    if ct2_dir is not None:
+        engines.update((f"ct2_{kind}", ct2_engine(ct2_dir, prompt, kind)) for kind in ("float32", "int8"))
+    outputs, seconds = timed_rounds(engines, rounds, device, reload=[name for name in engines if "ct2" in name])
     tokens = rows * NEW_TOKENS
     result = dict(ours_tok_s=tokens / statistics.median(seconds["ours"]),
-                  hf_tok_s=tokens / statistics.median(seconds["hf"]),
-                  ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+                  hf_tok_s=tokens / statistics.median(seconds["hf"]), **ratio_over_rounds(seconds, "hf"))
     if greedy:
-        a, b = outputs["ours"].cpu(), outputs["hf"].cpu()
-        result["greedy_same"] = float((a == b).all(dim=1).float().mean())
-        differ = (a != b).any(dim=0).nonzero()
-        result["first_difference_at"] = int(differ[0]) if len(differ) else None
+        result.update(same_rows(outputs["ours"], outputs["hf"]))
+    for kind in ("float32", "int8") if ct2_dir is not None else ():
+        name = f"ct2_{kind}"
+        result[name] = dict(tok_s=tokens / statistics.median(seconds[name]), **ratio_over_rounds(seconds, name),
+                            **same_rows(outputs["ours"], outputs[name]))
     return result
+
+
+def ratio_over_rounds(seconds: dict, peer: str) -> dict:
+    """atencion's speed over ``peer``'s: the median of the rounds' ratios, and their range."""
+    ratios = [p / o for o, p in zip(seconds["ours"], seconds[peer])]
+    return dict(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+
+
+def same_rows(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
+    """The share of rows with identical greedy tokens, and the first new token where any differs."""
+    a, b = ours.cpu(), theirs.cpu()
+    differ = (a != b).any(dim=0).nonzero()
+    return dict(greedy_same=float((a == b).all(dim=1).float().mean()),
+                first_difference_at=int(differ[0]) if len(differ) else None)
+
+
+def ct2_engine(export_dir, prompt: torch.Tensor, compute_type: str):
+    """CTranslate2's greedy generation of ``prompt``'s rows (``ct2_generate``: no stop token, as
+    the other engines here), as a tensor like theirs."""
+    from atencion.export.ctranslate2_decoder import ct2_generate
+
+    def run(seed, new):
+        return torch.tensor(ct2_generate(export_dir, prompt.tolist(), new, stop=[], compute_type=compute_type,
+                                         threads=torch.get_num_threads()))
+    return run
 
 
 def lm_part(args, device: torch.device) -> dict:
@@ -445,13 +492,23 @@ def lm_part(args, device: torch.device) -> dict:
 def llama_part(args, device: torch.device) -> dict:
     """Generation of today's decoder: a Llama-style model of SmolLM-135M's shape (RMSNorm, SwiGLU,
     RoPE, 3 key/value heads of 9; random weights) against Hugging Face's LlamaForCausalLM made
-    equal to it by ``to_hf``, greedy, batch 1 and 16."""
+    equal to it by ``to_hf``, and on a CPU CTranslate2 (float32 and int8) on atencion's export of
+    it, greedy, batch 1 and 16."""
+    import tempfile
+
     ours, hf = lm_models("smollm-135m", LLAMA_VOCAB)
     result = {}
-    for rows in (1, 16):
-        row = lm_generation(ours, hf, rows, True, args.rounds + 1, device)
-        shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
-        result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2_dir = None
+        if device.type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:  # CTranslate2: CPU only
+            from atencion.export import export
+
+            ct2_dir = Path(tmp) / "ct2"
+            export(ours, ct2_dir, "ctranslate2")
+        for rows in (1, 16):
+            row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir)
+            shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
+            result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
 
 
@@ -630,6 +687,17 @@ def print_lm_table(rows: dict) -> None:
         if row.get("greedy_same", 1.0) < 1.0:
             print(f"  MISMATCH {name}: greedy tokens differ from Hugging Face's in {1 - row['greedy_same']:.0%} "
                   f"of the rows, first at new token {row['first_difference_at']}")
+    ct2 = {name: row for name, row in rows.items() if "ct2_float32" in row}
+    if ct2:
+        print(f"\n{'CTranslate2 (tokens/s)':<24}{'atencion':>12}{'CT2':>12}{'ratio':>8}{'range':>14}"
+              f"{'greedy same':>13}")
+        for name, row in ct2.items():
+            for kind in ("float32", "int8"):
+                peer = row[f"ct2_{kind}"]
+                print(f"{name + ' ' + kind:<24}{row['ours_tok_s']:>12.0f}{peer['tok_s']:>12.0f}{peer['ratio']:>8.2f}"
+                      f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
+        print("  ratio: atencion's tokens/s (float32) over CTranslate2's; int8's greedy tokens may differ from "
+              "float32's")
 
 
 if __name__ == "__main__":

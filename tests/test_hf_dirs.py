@@ -214,12 +214,16 @@ DECODERS = {
 
 @pytest.fixture(scope="module", params=list(DECODERS))
 def llama_dir(request, tmp_path_factory) -> Path:
-    """A Llama-family model with grouped-query attention (2 key/value heads of 4) as save_pretrained
-    writes it, beside a byte-level BPE trained here that starts each text with <s>, as Llama's does."""
+    return save_llama_dir(request.param, tmp_path_factory.mktemp("hf") / request.param)
+
+
+def save_llama_dir(family: str, directory: Path) -> Path:
+    """A Llama-family model (``family``, a key of DECODERS) with grouped-query attention (2 key/value
+    heads of 4) as save_pretrained writes it into ``directory``, beside a byte-level BPE trained here
+    that starts each text with <s>, as Llama's does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    architecture, config, extra = DECODERS[request.param]
-    directory = tmp_path_factory.mktemp("hf") / request.param
+    architecture, config, extra = DECODERS[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -6,15 +6,18 @@ writes a directory that works on its own; each is tested to compute what atencio
 
 ``gguf`` takes decoder-only models (``arch: decoder``) that llama.cpp has an architecture for,
 GPT-2's and Llama's, and refuses the rest naming the setting (``export/gguf.py``); its
-``dtype`` is float32, float16 or q8_0. The other formats take the paper's translator only for
-now: they refuse relative positions (rope,
-alibi, t5), the single-stack archs, RMSNorm, unscaled attention, T5's scaled output and
-mixture-of-experts layers (``moe``), the attention kinds other than eq. (1) (``attention``:
-flash, exact, is eq. (1) once exported) and today's decoder blocks (grouped-query attention,
-q/k/v biases alone, gated feed-forward networks).
+``dtype`` is float32, float16 or q8_0. ``ctranslate2`` takes the paper's translator and
+decoder-only models (GPT-2, the Llama family, Bloom: ``export/ctranslate2_decoder.py``, which
+names what it refuses). The other formats take the paper's translator only for now, and so does
+``ctranslate2`` for the other archs: they refuse relative positions (rope, alibi, t5), the
+single-stack archs, RMSNorm, unscaled attention, T5's scaled output and mixture-of-experts layers
+(``moe``), the attention kinds other than eq. (1) (``attention``: flash, exact, is eq. (1) once
+exported) and today's decoder blocks (grouped-query attention, q/k/v biases alone, gated
+feed-forward networks).
 
-* ``ctranslate2``: model.bin, config.json, *_vocabulary.json, atencion.json; refuses nothing
-  else in ModelConfig (only vocabularies it cannot map). Decode with ``ctranslate2.ct2_translate``.
+* ``ctranslate2``: model.bin, config.json, *_vocabulary.json (a decoder's: vocabulary.json),
+  atencion.json; refuses nothing else in ModelConfig (only vocabularies it cannot map). Decode
+  with ``ctranslate2.ct2_translate``, generate with ``ctranslate2_decoder.ct2_generate``.
 * ``hf``: a MarianMTModel (config.json, generation_config.json, model.safetensors); refuses
   pre-LN, learned positions and a LayerNorm ε other than 1e-5.
 * ``onnx``: encoder.onnx, decoder_step.onnx (one step with a key/value cache), config.json;
@@ -39,13 +42,18 @@ FORMATS = ("ctranslate2", "hf", "onnx", "gguf")
 NEEDS = {"ctranslate2": ["ctranslate2"], "hf": ["transformers"], "onnx": ["onnx", "onnxscript"], "gguf": ["gguf"]}
 
 
-def _writer(fmt: str):
+def _writer(fmt: str, arch: str | None = None):
+    """The function that writes ``fmt`` (for ``arch``: CTranslate2 has a spec for translators and
+    one for decoder-only models), or an AtencionError naming what is missing."""
     from importlib.util import find_spec
 
     missing = [name for name in NEEDS.get(fmt, []) if find_spec(name) is None]
     if missing:
         raise AtencionError(f"export to {fmt} needs the Python package(s) {', '.join(missing)}: "
                          f"pip install {' '.join(missing)}")
+    if fmt == "ctranslate2" and arch == "decoder":
+        from .ctranslate2_decoder import export_ctranslate2_decoder
+        return export_ctranslate2_decoder
     if fmt == "ctranslate2":
         from .ctranslate2 import export_ctranslate2
         return export_ctranslate2
@@ -62,7 +70,8 @@ def _writer(fmt: str):
 
 
 def _check_translator(cfg, fmt: str) -> None:
-    """Refuse, naming the setting, what the translator formats (all but gguf) cannot export."""
+    """Refuse, naming the setting, what the translator formats (ctranslate2's translator spec, hf,
+    onnx) cannot export."""
     if position_kind(cfg).role != "absolute":
         raise AtencionError(f"export to {fmt}: positional={cfg.positional!r} (relative positions) cannot be "
                             f"exported yet; only {' and '.join(kinds('absolute'))} positions can")
@@ -72,7 +81,11 @@ def _check_translator(cfg, fmt: str) -> None:
     if cfg.attention is not None and cfg.attention["kind"] not in ("full", "flash"):
         raise AtencionError(f"export to {fmt}: attention.kind {cfg.attention['kind']} cannot be exported; the "
                             f"exporters compute eq. (1) (kinds full and flash)")
-    unsupported = {"arch": ("encoder-decoder",), "norm": ("layernorm",), "activation": ("relu", "gelu"),
+    if cfg.arch != "encoder-decoder":
+        takes = " and decoder-only models (arch 'decoder')" if fmt == "ctranslate2" else ""
+        raise AtencionError(f"export to {fmt}: arch={cfg.arch!r} cannot be exported yet; {fmt} takes the paper's "
+                            f"translator (arch 'encoder-decoder'){takes}")
+    unsupported = {"norm": ("layernorm",), "activation": ("relu", "gelu"),
                    "scale_attention": (True,), "scale_output": (False,)}
     for key, allowed in unsupported.items():
         if getattr(cfg, key) not in allowed:
@@ -87,7 +100,7 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None, dtype: str |
     ``dtype`` (gguf only): float32 (None), float16 or q8_0. Returns the names of the files written."""
     from ..fileio import atomic_directory
 
-    writer = _writer(fmt)
+    writer = _writer(fmt, model.cfg.arch)
     if fmt == "gguf":
         from .gguf import check_gguf
 
@@ -96,6 +109,10 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None, dtype: str |
         writer = functools.partial(writer, dtype=dtype)
     elif dtype is not None:
         raise AtencionError(f"--dtype is for --format gguf; {fmt} is written in float32")
+    elif fmt == "ctranslate2" and model.cfg.arch == "decoder":
+        from .ctranslate2_decoder import check_decoder
+
+        check_decoder(model.cfg)
     else:
         _check_translator(model.cfg, fmt)
     out = Path(out)

@@ -1,7 +1,9 @@
 """Export to CTranslate2 (a C++ inference engine for Transformers) and decode with it like atencion.
 
 The model is described through CTranslate2's Python specification API (``TransformerSpec``) and
-every weight is copied from the atencion model; no converter of another toolkit is involved.
+every weight is copied from the atencion model; no converter of another toolkit is involved. This
+module holds the translator's spec and what both specs share (the vocabulary, writing and loading
+an export); a decoder-only model's spec and generation are in ``ctranslate2_decoder.py``.
 
 How atencion maps onto a ``TransformerSpec``:
 
@@ -46,59 +48,72 @@ TINY_LENGTH_PENALTY = 1e-30     # see ct2_translate: length^1e-30 == 1.0f, but n
 INFO_FILE = "atencion.json"     # the atencion config and the position table's size, beside CTranslate2's files
 
 
-def _numpy(t: torch.Tensor):
+def to_numpy(t: torch.Tensor):
     return t.detach().to(torch.float32).cpu().contiguous().numpy()
 
 
-def _vocabulary(model, tokenizer, side: str) -> list[str]:
-    """The tokens of one side, in id order: the SentencePiece pieces, or placeholders without a tokenizer."""
+def vocabulary(model, tokenizer, side: str) -> list[str]:
+    """The tokens of one side (``source``, ``target``; a decoder-only model's one vocabulary is its
+    ``source``), in id order: the tokenizer's pieces (SentencePiece's, a character or whitespace
+    vocabulary's, a Hugging Face tokenizer's tokens), or placeholders without a tokenizer. A Hugging
+    Face tokenizer may have fewer tokens than the model's table (Hugging Face rounds tables up):
+    the ids past it, and ids it has no token for, get the placeholder ``<id_i>``. CTranslate2 maps
+    tokens by name, so they must be unique."""
     cfg = model.cfg
     size = cfg.vocab_size if side == "source" else cfg.target_vocab_size
     if tokenizer is None:
         names = {cfg.pad_id: "<pad>", cfg.bos_id: "<s>", cfg.eos_id: "</s>"}
         names.setdefault(UNK_ID, "<unk>")
         return [names.get(i, f"<id_{i}>") for i in range(size)]
-    spm = tokenizer.src if side == "source" else tokenizer.tgt
-    pieces = [spm.id_to_piece(i) for i in range(spm.get_piece_size())]
+    vocab = tokenizer.src if side == "source" else tokenizer.tgt
+    pieces = [vocab.id_to_piece(i) for i in range(vocab.get_piece_size())]
+    if tokenizer.foreign and len(pieces) <= size:
+        pieces = [piece or f"<id_{i}>" for i, piece in enumerate(pieces)]
+        pieces += [f"<id_{i}>" for i in range(len(pieces), size)]
+    which = "the tokenizer" if cfg.arch == "decoder" else f"the {side} tokenizer"
     if len(pieces) != size:
-        raise AtencionError(f"the {side} SentencePiece model has {len(pieces)} pieces but the model's "
-                         f"{side} vocabulary has {size} entries")
-    if len(set(pieces)) != len(pieces):
-        raise AtencionError(f"the {side} SentencePiece model has repeated pieces; CTranslate2 maps "
-                         f"tokens by name and needs them unique")
+        raise AtencionError(f"{which} has {len(pieces)} tokens but the model's vocabulary has {size} entries")
+    seen: set[str] = set()
+    for piece in pieces:
+        if piece in seen:
+            raise AtencionError(f"{which} has the token {piece!r} more than once; CTranslate2 maps tokens by "
+                                f"name and needs them unique")
+        seen.add(piece)
     return pieces
 
 
-def _linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    spec.weight = _numpy(weight)
+def set_linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    spec.weight = to_numpy(weight)
     if bias is not None:
-        spec.bias = _numpy(bias)
+        spec.bias = to_numpy(bias)
 
 
-def _norm(spec, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma = _numpy(norm.weight)
-    spec.beta = _numpy(norm.bias)
+def set_norm(spec, norm: torch.nn.Module) -> None:
+    """A LayerNorm's γ and β, or an RMSNorm's γ (it has no β)."""
+    spec.gamma = to_numpy(norm.weight)
+    if getattr(norm, "bias", None) is not None:
+        spec.beta = to_numpy(norm.bias)
 
 
 def _ffn(spec, ffn, norm) -> None:
-    _linear(spec.linear_0, ffn.linear1.weight, ffn.linear1.bias)
-    _linear(spec.linear_1, ffn.linear2.weight, ffn.linear2.bias)
-    _norm(spec.layer_norm, norm)
+    set_linear(spec.linear_0, ffn.linear1.weight, ffn.linear1.bias)
+    set_linear(spec.linear_1, ffn.linear2.weight, ffn.linear2.bias)
+    set_norm(spec.layer_norm, norm)
 
 
 def _self_attention(spec, attn, norm) -> None:
-    _linear(spec.linear[0], attn.in_proj.weight, attn.in_proj.bias)  # fused [W^Q; W^K; W^V]
-    _linear(spec.linear[1], attn.out_proj.weight, attn.out_proj.bias)
-    _norm(spec.layer_norm, norm)
+    set_linear(spec.linear[0], attn.in_proj.weight, attn.in_proj.bias)  # fused [W^Q; W^K; W^V]
+    set_linear(spec.linear[1], attn.out_proj.weight, attn.out_proj.bias)
+    set_norm(spec.layer_norm, norm)
 
 
 def _cross_attention(spec, attn, norm) -> None:
     d = attn.d_model
     bias = attn.in_proj.bias
-    _linear(spec.linear[0], attn.in_proj.weight[:d], None if bias is None else bias[:d])    # W^Q
-    _linear(spec.linear[1], attn.in_proj.weight[d:], None if bias is None else bias[d:])    # [W^K; W^V]
-    _linear(spec.linear[2], attn.out_proj.weight, attn.out_proj.bias)
-    _norm(spec.layer_norm, norm)
+    set_linear(spec.linear[0], attn.in_proj.weight[:d], None if bias is None else bias[:d])    # W^Q
+    set_linear(spec.linear[1], attn.in_proj.weight[d:], None if bias is None else bias[d:])    # [W^K; W^V]
+    set_linear(spec.linear[2], attn.out_proj.weight, attn.out_proj.bias)
+    set_norm(spec.layer_norm, norm)
 
 
 def _position_table(model, stack) -> torch.Tensor:
@@ -117,11 +132,11 @@ def build_spec(model, tokenizer=None):
     enc, dec = model.encoder, model.decoder
     for stack_spec, stack in ((spec.encoder, enc), (spec.decoder, dec)):
         stack_spec.scale_embeddings = bool(cfg.scale_embedding)
-        stack_spec.position_encodings.encodings = _numpy(_position_table(model, stack))
+        stack_spec.position_encodings.encodings = to_numpy(_position_table(model, stack))
         if cfg.norm_first:
-            _norm(stack_spec.layer_norm, stack.final_norm)
-    spec.encoder.embeddings[0].weight = _numpy(enc.embed.weight)
-    spec.decoder.embeddings.weight = _numpy(dec.embed.weight)
+            set_norm(stack_spec.layer_norm, stack.final_norm)
+    spec.encoder.embeddings[0].weight = to_numpy(enc.embed.weight)
+    spec.decoder.embeddings.weight = to_numpy(dec.embed.weight)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
         _self_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.res_ffn.norm)
@@ -129,9 +144,9 @@ def build_spec(model, tokenizer=None):
         _self_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)
         _cross_attention(layer_spec.attention, layer.cross_attn, layer.res_cross.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.res_ffn.norm)
-    _linear(spec.decoder.projection, model.generator.weight, model.generator.bias)
+    set_linear(spec.decoder.projection, model.generator.weight, model.generator.bias)
 
-    source, target = _vocabulary(model, tokenizer, "source"), _vocabulary(model, tokenizer, "target")
+    source, target = vocabulary(model, tokenizer, "source"), vocabulary(model, tokenizer, "target")
     if source[UNK_ID] != target[UNK_ID]:
         raise AtencionError(f"the unknown token differs between source ({source[UNK_ID]!r}) and target "
                          f"({target[UNK_ID]!r}); CTranslate2 has one unk_token")
@@ -147,25 +162,32 @@ def build_spec(model, tokenizer=None):
     return spec
 
 
-def export_ctranslate2(model, directory: str | os.PathLike, tokenizer=None) -> None:
-    """Write a CTranslate2 model directory (model.bin, config.json, vocabularies) into the
-    existing empty ``directory``, plus the SentencePiece model(s) and tokenizer.json."""
-    spec = build_spec(model, tokenizer)
+def save_export(spec, model, directory: str | os.PathLike, tokenizer=None, **info) -> None:
+    """Write ``spec`` (float32 weights; int8 is chosen when loading) into the existing empty
+    ``directory``, with ``atencion.json`` (the model's config and ``info``) and the tokenizer's files."""
     spec.validate()
-    spec.optimize(quantization=None)   # float32 weights; int8 is chosen when loading
+    spec.optimize(quantization=None)
     spec.save(str(directory))
-    rows = _position_table(model, model.encoder).size(0)
-    info = {"format": "ctranslate2", "position_rows": int(rows), "model": model.cfg.to_dict()}
+    info = {"format": "ctranslate2", **info, "model": model.cfg.to_dict()}
     (Path(directory) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save(directory)
 
 
-# translating -----------------------------------------------------------------------------------
+def export_ctranslate2(model, directory: str | os.PathLike, tokenizer=None) -> None:
+    """Write a CTranslate2 model directory (model.bin, config.json, vocabularies) into the
+    existing empty ``directory``, plus the SentencePiece model(s) and tokenizer.json."""
+    rows = _position_table(model, model.encoder).size(0)
+    save_export(build_spec(model, tokenizer), model, directory, tokenizer, position_rows=int(rows))
 
-class _Loaded:
-    """A ctranslate2.Translator with what decoding needs from the export: vocabularies, special
-    ids, and the number of rows of the position table."""
+
+# loading ---------------------------------------------------------------------------------------
+
+class Loaded:
+    """An export loaded: its engine (a ``ctranslate2.Translator`` for a translator, a
+    ``ctranslate2.Generator`` for a decoder-only model), its config and what decoding needs from
+    ``atencion.json`` (``info``): the vocabularies, the rows of the position table (``positions``,
+    None: no limit)."""
 
     def __init__(self, directory: Path, compute_type: str, device: str, threads: int):
         import ctranslate2
@@ -178,30 +200,44 @@ class _Loaded:
         if not (directory / INFO_FILE).is_file():
             raise MissingFileError(f"{directory / INFO_FILE}: not found; export the model with "
                                     f"`atencion export --format ctranslate2`")
-        info = read(INFO_FILE)
-        self.cfg = ModelConfig.from_dict(info["model"], source=str(directory / INFO_FILE))
-        self.positions = info["position_rows"]
-        if (directory / "shared_vocabulary.json").is_file():
+        self.info = read(INFO_FILE)
+        self.cfg = ModelConfig.from_dict(self.info["model"], source=str(directory / INFO_FILE))
+        self.positions = self.info["position_rows"]
+        if (directory / "vocabulary.json").is_file():   # a decoder-only model's
+            self.source = self.target = read("vocabulary.json")
+        elif (directory / "shared_vocabulary.json").is_file():
             self.source = self.target = read("shared_vocabulary.json")
         else:
             self.source, self.target = read("source_vocabulary.json"), read("target_vocabulary.json")
         self.target_ids = {token: i for i, token in enumerate(self.target)}
-        self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
-                                                 intra_threads=threads)
+        engine = ctranslate2.Generator if self.cfg.arch == "decoder" else ctranslate2.Translator
+        self.engine = engine(str(directory), device=device, compute_type=compute_type, intra_threads=threads)
 
 
 @functools.lru_cache(maxsize=4)
-def _load(directory: str, mtime: float, compute_type: str, device: str, threads: int) -> _Loaded:
-    return _Loaded(Path(directory), compute_type, device, threads)
+def _load(directory: str, mtime: float, compute_type: str, device: str, threads: int) -> Loaded:
+    return Loaded(Path(directory), compute_type, device, threads)
+
+
+def load_export(export_dir: str | os.PathLike, compute_type: str = "float32", device: str = "cpu",
+                threads: int = 0) -> Loaded:
+    """The export in ``export_dir``, loaded once and cached (per directory, compute_type, device,
+    threads); ``threads`` 0 is CTranslate2's default."""
+    directory = Path(export_dir)
+    if not (directory / "model.bin").is_file():
+        raise MissingFileError(f"{directory}: not a CTranslate2 model directory (no model.bin)")
+    return _load(str(directory.resolve()), (directory / "model.bin").stat().st_mtime, compute_type, device, threads)
 
 
 def release_translators() -> None:
-    """Drop the translators that :func:`ct2_translate` keeps loaded. A loaded CTranslate2
-    translator keeps threads that slow other work in the process while it waits (PyTorch ran
-    about 30% slower beside one in ``benchmarks/speed.py``)."""
+    """Drop the translators and generators that :func:`ct2_translate` and ``ct2_generate`` keep
+    loaded. A loaded CTranslate2 engine keeps threads that slow other work in the process while
+    it waits (PyTorch ran about 30% slower beside one in ``benchmarks/speed.py``)."""
     _load.cache_clear()
-    gc.collect()  # the translator goes now, with its threads
+    gc.collect()  # the engine goes now, with its threads
 
+
+# translating -----------------------------------------------------------------------------------
 
 def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], beam: int = 4,
                   alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
@@ -246,12 +282,11 @@ def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], 
         raise AtencionError(f"beam must be an integer >= 1, got {beam!r}")
     if not (max_len_a >= 0 and max_len_b >= 0):
         raise AtencionError(f"max_len_a and max_len_b must be >= 0, got {max_len_a!r} and {max_len_b!r}")
-    directory = Path(export_dir)
-    if not (directory / "model.bin").is_file():
-        raise MissingFileError(f"{directory}: not a CTranslate2 model directory (no model.bin)")
-    loaded = _load(str(directory.resolve()), (directory / "model.bin").stat().st_mtime,
-                   compute_type, device, threads)
+    loaded = load_export(export_dir, compute_type, device, threads)
     cfg = loaded.cfg
+    if cfg.arch == "decoder":
+        raise AtencionError(f"{export_dir}: the export is a decoder-only model's; ct2_translate takes a "
+                            f"translator's (ct2_generate runs a decoder-only model's)")
     never = [[loaded.target[i]] for i in sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})]  # as in search.py
     eos = loaded.target[cfg.eos_id]
     groups: dict[int, list[int]] = {}
@@ -271,7 +306,7 @@ def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], 
     outputs: list[list[int]] = [[] for _ in src_id_lists]
     for max_len, rows in groups.items():
         sources = [[loaded.source[t] for t in src_id_lists[i]] for i in rows]
-        results = loaded.translator.translate_batch(
+        results = loaded.engine.translate_batch(
             sources, beam_size=beam, patience=1, num_hypotheses=beam,
             length_penalty=TINY_LENGTH_PENALTY, return_scores=beam > 1, return_end_token=True,
             max_decoding_length=max_len, min_decoding_length=0, max_input_length=0,
