@@ -73,6 +73,8 @@ class ModelConfig:
                                            # aux_loss_weight, capacity_factor, layers} (nn/moe.py)
     attention: dict[str, Any] | None = None  # the self-attention's kind and its settings: {kind: flash, ...};
                                            # None: eq. (1) itself, {kind: full} (ATTENTION_KINDS, nn/kinds/)
+    inputs: dict[str, Any] | None = None   # what the encoder reads and its settings: {kind: patches, patch,
+                                           # size, channels} (ViT); None: tokens (INPUTS, nn/inputs.py)
     rnn: dict[str, Any] | None = None      # arch rnn: {cell, hidden, bidirectional, decoder_hidden, bridge,
                                            # attention, score, input_feeding} (RNN_DEFAULTS, nn/rnn.py)
     task: str | None = None                # the task it was trained for (tasks/: translate, lm, mlm, classify);
@@ -82,7 +84,7 @@ class ModelConfig:
     eos_id: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "max_positions"):
+        for key in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions"):
             _require_positive_int(key, getattr(self, key))
         for key in ("tgt_vocab_size", "n_decoder_layers"):
             if getattr(self, key) is not None:
@@ -125,6 +127,10 @@ class ModelConfig:
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
+        if self.inputs is not None:
+            self.inputs = _inputs_settings(self)
+        if self.vocab_size != 0 or self.inputs is None:  # an encoder of images or sounds reads no tokens
+            _require_positive_int("vocab_size", self.vocab_size)
         if not POSITIONS:  # the registry fills when nn/positional.py is first imported (it needs torch)
             import_module(".nn.positional", __package__)
         _require_choice("positional", self.positional, tuple(POSITIONS))
@@ -160,15 +166,13 @@ class ModelConfig:
                                 f"(set arch: rnn, or remove rnn)")
         if self.task is not None and not isinstance(self.task, str):
             raise AtencionError(f"task must be the name of a task (translate, lm, mlm, classify), got {self.task!r}")
+        vocabularies = [size for size in (self.vocab_size, self.target_vocab_size) if size]  # 0: no tokens
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise AtencionError(f"{key} must be an integer, got {value!r}")
-            if not 0 <= value < min(self.vocab_size, self.target_vocab_size):
-                raise AtencionError(
-                    f"{key} must be a token id in [0, {min(self.vocab_size, self.target_vocab_size)}), "
-                    f"got {value}"
-                )
+            if vocabularies and not 0 <= value < min(vocabularies):
+                raise AtencionError(f"{key} must be a token id in [0, {min(vocabularies)}), got {value}")
 
     @property
     def target_vocab_size(self) -> int:
@@ -197,7 +201,7 @@ class ModelConfig:
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3), ``tiny`` (Transformer-Tiny),
         ``bert-base``, ``bert-tiny``, ``gpt2``, ``gpt-tiny``, ``t5-small``, ``t5-tiny``, ``llama-tiny``,
-        ``smollm-135m``, ``tinyllama-1.1b``, ``mistral-7b``."""
+        ``smollm-135m``, ``tinyllama-1.1b``, ``mistral-7b``, ``vit-base``, ``vit-tiny``."""
         if not isinstance(name, str) or name not in PRESETS:
             raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=None)
@@ -221,7 +225,7 @@ class ModelConfig:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
         values = dict(values)
         floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
-        for key in ("rnn", "attention", "rope_scaling"):
+        for key in ("rnn", "attention", "rope_scaling", "inputs"):
             if isinstance(values.get(key), dict):
                 values[key] = dict(values[key])
         if isinstance(values.get("moe"), dict):
@@ -248,6 +252,9 @@ class ModelConfig:
         return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
+# The kinds of encoder input ``inputs`` may name (nn/inputs.py's InputKind: the raw input, the archs, the
+# settings and their check, the module), filled by nn/inputs.py, imported before the first config that has inputs.
+INPUTS: dict[str, Any] = {}
 # The position kinds ``positional`` may name (nn/positional.py's PositionKind: role, module, length
 # limit, check), filled by nn/positional.py, which ModelConfig imports before it checks the first config.
 POSITIONS: dict[str, Any] = {}
@@ -263,6 +270,9 @@ _LLAMA = dict(arch="decoder", norm="rmsnorm", norm_first=True, positional="rope"
 _T5 = dict(positional="t5", norm="rmsnorm", norm_first=True, bias=False, scale_attention=False,
            scale_embedding=False, scale_output=True, layer_norm_eps=1e-6, dropout=0.1)
 
+_VIT = dict(arch="encoder", vocab_size=0, activation="gelu", positional="learned", max_positions=197, norm_first=True,
+            layer_norm_eps=1e-12, scale_embedding=False, dropout=0.0,
+            inputs={"kind": "patches", "patch": 16, "size": [224, 224], "channels": 3})
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
     "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1),
@@ -289,10 +299,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                            max_positions=2048),
     "mistral-7b": dict(_LLAMA, n_layers=32, d_model=4096, d_ff=14336, n_heads=32, n_kv_heads=8, max_positions=32768,
                        attention={"kind": "window", "window": 4096}),
+    # ViT (Dosovitskiy et al. 2021): ViT-B/16 at 224 × 224 (86M); ViT-Ti/16 (DeiT-Ti, Touvron et al. 2021: 5.7M).
+    "vit-base": dict(_VIT, n_layers=12, d_model=768, d_ff=3072, n_heads=12),
+    "vit-tiny": dict(_VIT, n_layers=12, d_model=192, d_ff=768, n_heads=3),
 }
 PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
              "t5-small": (32128, "60M"), "smollm-135m": (49152, "135M"), "tinyllama-1.1b": (32000, "1.1B"),
-             "mistral-7b": (32000, "7.2B")}  # vocabulary and the parameter count their papers give
+             "mistral-7b": (32000, "7.2B"),
+             "vit-base": (0, "86M"), "vit-tiny": (0, "5.7M")}  # vocabulary and the parameter count their papers give
 
 
 # RoPE scaling (``rope_scaling``): each type and the keys it needs, as Hugging Face's Llama family writes them
@@ -421,6 +435,52 @@ def _attention_settings(cfg: "ModelConfig") -> dict[str, Any]:
     if kind in ("linformer", "performer") and cfg.positional in ("alibi", "t5"):
         raise AtencionError(f"attention.kind {kind} computes no score matrix to add positional {cfg.positional!r}'s "
                             f"bias to; use positional rope, sinusoidal or learned")
+    return settings
+
+
+def _inputs_settings(cfg: "ModelConfig") -> dict[str, Any] | None:
+    """``inputs`` checked and completed with its kind's defaults (so config.json names every
+    setting): a bare name is ``{kind: NAME}``; tokens (the default) is None, so that a model of
+    tokens writes the config.json it always did. A key that is not a setting of the kind, a missing
+    one, a value out of range (the kind's ``check``), an arch whose encoder cannot read it, a
+    vocabulary for an encoder that reads no tokens: refused in one line naming the key."""
+    values = cfg.inputs
+    if isinstance(values, str):
+        values = {"kind": values}
+    if not isinstance(values, dict):
+        raise AtencionError(f"inputs must be a mapping such as {{kind: patches, patch: 4, size: [8, 8]}}, or a "
+                            f"kind's name (null: tokens), got {values!r}")
+    if not INPUTS:  # the registry fills when nn/inputs.py is first imported (it needs torch)
+        import_module(".nn.inputs", __package__)
+    name = values.get("kind", "tokens")
+    _require_choice("inputs.kind", name, tuple(INPUTS))
+    kind = INPUTS[name]
+    known = ["kind", *kind.required, *kind.defaults]
+    unknown = sorted(str(key) for key in set(values) - set(known))
+    if unknown:
+        raise AtencionError(f"inputs.{unknown[0]} is not a setting of inputs kind {name!r}; its keys are {known}")
+    missing = [key for key in kind.required if key not in values]
+    if missing:
+        raise AtencionError(f"inputs.{missing[0]} is missing: inputs kind {name!r} needs {list(kind.required)} "
+                            f"(and takes {list(kind.defaults)})")
+    if cfg.arch not in kind.archs:
+        raise AtencionError(f"inputs kind {name!r} ({kind.takes}) is read by the encoder of arch "
+                            f"{' or '.join(kind.archs)}, not {cfg.arch!r}")
+    if kind.tokens:
+        return None
+    settings = {key: values[key] if key in values else kind.defaults[key] for key in known}
+    settings["kind"] = name
+    problem = kind.check(cfg, settings)
+    if problem:
+        raise AtencionError(problem)
+    if cfg.vocab_size != 0:
+        raise AtencionError(f"vocab_size must be 0 with inputs kind {name!r}: the encoder reads {kind.takes}, not "
+                            f"tokens (a decoder's vocabulary is tgt_vocab_size), got {cfg.vocab_size!r}")
+    if cfg.type_vocab_size:
+        raise AtencionError(f"type_vocab_size (token types) needs inputs of tokens, not inputs kind {name!r}")
+    if cfg.arch in TWO_STACKS and cfg.tgt_vocab_size is None:
+        raise AtencionError(f"tgt_vocab_size is missing: the decoder writes tokens, and with inputs kind {name!r} it "
+                            f"has the only vocabulary")
     return settings
 
 

@@ -1,6 +1,7 @@
 """§3.1, Figure 1: the encoder, the decoder, the generator and the whole Transformer; and the
 family built from the same blocks: encoder-only (BERT, with its masked-LM head) and decoder-only
-(GPT, with a tied LM head), plus a sequence-classification head."""
+(GPT, with a tied LM head), plus a sequence-classification head. The encoder reads tokens or,
+as ``model.inputs`` says, another kind of input (nn/inputs.py: image patches, ViT)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..errors import AtencionError
 from .attention import RelativeTerms, causal_mask, check_mask
 from .cache import BeamKVCache, DecoderState, KVCache, Packing
 from .dropout import Dropout
+from .inputs import input_kind
 from .kinds import full_attention, shared_module
 from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
@@ -41,11 +43,13 @@ def _first_key(state: DecoderState | None) -> int:
 class Encoder(nn.Module):
     """§3.1: a stack of N identical layers over embeddings + positions (with dropout, §5.4).
     BERT adds token-type embeddings and a LayerNorm on the sum (``type_vocab_size``,
-    ``embedding_norm``)."""
+    ``embedding_norm``). ``embed`` is the token embedding or, for another kind of input
+    (``model.inputs``), its module (nn/inputs.py), which ``Transformer._encode`` calls."""
 
-    def __init__(self, cfg: ModelConfig, embed: TokenEmbedding):
+    def __init__(self, cfg: ModelConfig, embed: nn.Module):
         super().__init__()
         self.embed = embed
+        self.tokens = input_kind(cfg).tokens
         self.positions = absolute_positions(cfg)
         self.relative = relative_positions(cfg)
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
@@ -61,21 +65,23 @@ class Encoder(nn.Module):
         """The encoder output (batch, src_len, d_model) and, with ``need_weights``, each layer's
         attention weights. With ``pack`` (and a key-padding ``mask``, (batch, 1, 1, src_len)),
         the layers compute on the real positions only and the output is zero at the masked ones;
-        nothing reads them, as the mask hides them from every query."""
-        x = self.embed(src_ids)
+        nothing reads them, as the mask hides them from every query. ``src_ids``: token ids or,
+        for an encoder of another input kind, the embeddings (batch, length, d_model) its module
+        made of the raw batch (``Transformer._encode``)."""
+        x = self.embed(src_ids) if self.tokens else src_ids
         if self.positions is not None:
-            x = x + self.positions(src_ids.size(1))
+            x = x + self.positions(x.size(1))
         if self.token_types is not None:
             x = x + self.token_types(token_type_ids if token_type_ids is not None else torch.zeros_like(src_ids))
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         positions = None
         if self.relative is not None or not self.full:  # bidirectional: every query sees every key
-            where = torch.arange(src_ids.size(1), device=src_ids.device)
+            where = torch.arange(x.size(1), device=x.device)
             positions = _relative_terms(self.relative, where, where, False, where)
         packing = None
         if pack and not need_weights and mask is not None and mask.shape[1:3] == (1, 1) and not mask.all():
-            packing = Packing(mask[:, 0, 0, :].expand(src_ids.shape))
+            packing = Packing(mask[:, 0, 0, :].expand(x.shape[:2]))
             x = packing.pack(x)
         x = self.dropout(x)
         attentions = []
@@ -200,10 +206,11 @@ class Transformer(Model):
         if cfg.arch == "rnn":
             raise AtencionError("Transformer(cfg): arch 'rnn' is the RNN encoder-decoder; build it with "
                                 "atencion.nn.model.build_model(cfg) or RNNSeq2Seq(cfg)")
-        src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)
+        tokens = input_kind(cfg).tokens
+        src_embed = input_kind(cfg).build(cfg)  # the token embedding, or the module of model.inputs
         if cfg.arch == "encoder":
             self.encoder = Encoder(cfg, src_embed)
-            self.mlm_head = MaskedLMHead(cfg, src_embed.weight)
+            self.mlm_head = MaskedLMHead(cfg, src_embed.weight) if tokens else None  # no vocabulary to predict
         elif cfg.arch == "decoder":
             self.decoder = Decoder(cfg, src_embed, cross=False)
             self.generator = Generator(cfg.d_model, cfg.vocab_size, cfg.output_bias,
@@ -227,7 +234,7 @@ class Transformer(Model):
     def forward(self, src_ids: Tensor, tgt_in_ids: Tensor | None = None, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None, return_attention: bool = False,
                 select: Tensor | None = None, project: bool = True, token_type_ids: Tensor | None = None,
-                classify: bool = False):
+                classify: bool = False, lengths: Tensor | None = None):
         """Teacher-forced logits (batch, tgt_len, vocab); for the single-stack archs,
         ``model(input_ids)``: the masked-LM head's logits (``encoder``, bidirectional, padding
         masked) or the next-token logits (``decoder``, causal), (batch, length, vocab).
@@ -239,16 +246,22 @@ class Transformer(Model):
         for a loss that applies the projection itself (tasks/loss.py: ``sequence_loss``). With ``return_attention``,
         also a dict of per-layer attention weights (batch, h, queries, keys) under "encoder",
         "decoder" (masked self) and "cross". ``classify``: the classification logits instead
-        (``classify()``, through forward so that DistributedDataParallel sees the call)."""
+        (``classify()``, through forward so that DistributedDataParallel sees the call).
+
+        An encoder of another input kind (``model.inputs``: images) takes that raw batch in place
+        of ``src_ids`` (and ``lengths``, when its examples differ in length), makes its own mask,
+        and, having no vocabulary, returns its output (batch, length, d_model) in place of logits."""
         if classify:
-            return self.classify(src_ids, token_type_ids)
+            return self.classify(src_ids, token_type_ids, lengths)
         if self.cfg.arch != "encoder-decoder":
             if tgt_in_ids is not None:
                 raise AtencionError(f"a {self.cfg.arch}-only model takes one sequence: model(input_ids)")
-            hidden, attentions = self.hidden(src_ids, src_mask, return_attention, token_type_ids)
+            hidden, attentions = self.hidden(src_ids, src_mask, return_attention, token_type_ids, lengths)
             if select is not None:
                 hidden = hidden[select]
-            if self.cfg.arch == "encoder":
+            if self.cfg.arch == "encoder" and self.mlm_head is None:
+                logits = hidden
+            elif self.cfg.arch == "encoder":
                 logits = self.mlm_head(hidden) if project else self.mlm_head.transform(hidden)
             else:
                 logits = self.generator(hidden) if project else hidden
@@ -256,7 +269,7 @@ class Transformer(Model):
         if tgt_in_ids is None:
             raise AtencionError("an encoder-decoder model takes model(src_ids, tgt_in_ids)")
         # the encoder skips the source padding here (its output there is never read)
-        memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention, pack=True)
+        memory, src_mask, enc_attn = self._encode(src_ids, src_mask, return_attention, pack=True, lengths=lengths)
         self._check_ids("tgt_in_ids", tgt_in_ids, self.cfg.target_vocab_size)
         if tgt_in_ids.size(0) != src_ids.size(0):
             raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
@@ -280,12 +293,12 @@ class Transformer(Model):
         return logits
 
     def hidden(self, input_ids: Tensor, mask: Tensor | None = None, return_attention: bool = False,
-               token_type_ids: Tensor | None = None) -> tuple[Tensor, dict[str, list]]:
+               token_type_ids: Tensor | None = None, lengths: Tensor | None = None) -> tuple[Tensor, dict[str, list]]:
         """The single stack's output (batch, length, d_model) for ``encoder`` and ``decoder``
         models, and its attention weights by kind when asked."""
         if self.cfg.arch == "encoder":
             memory, _, attentions = self._encode(input_ids, mask, return_attention, pack=not return_attention,
-                                                 token_type_ids=token_type_ids)
+                                                 token_type_ids=token_type_ids, lengths=lengths)
             return memory, {"encoder": attentions}
         self._check_ids("input_ids", input_ids, self.cfg.vocab_size)
         length = input_ids.size(1)
@@ -297,21 +310,40 @@ class Transformer(Model):
             hidden = hidden * self.cfg.d_model ** -0.5
         return hidden, {"decoder": attentions}
 
-    def classify(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """Sequence-classification logits (batch, num_labels), from the classification head."""
+    def classify(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                 lengths: Tensor | None = None) -> Tensor:
+        """Sequence-classification logits (batch, num_labels), from the classification head; an
+        encoder of another input kind takes its raw batch (and ``lengths``) for ``input_ids``."""
         if self.classifier is None:
             raise AtencionError("this model has no classification head (num_labels is 0)")
         if self.cfg.arch == "encoder-decoder":
             raise AtencionError("classification takes a single-stack model (arch encoder or decoder)")
-        hidden, _ = self.hidden(input_ids, token_type_ids=token_type_ids)
-        return self.classifier(hidden, input_ids != self.cfg.pad_id)
+        if self.cfg.arch == "decoder":
+            hidden, _ = self.hidden(input_ids, token_type_ids=token_type_ids)
+            return self.classifier(hidden, input_ids != self.cfg.pad_id)
+        hidden, mask, _ = self._encode(input_ids, None, False, pack=True, token_type_ids=token_type_ids,
+                                       lengths=lengths)
+        real = mask[:, 0, 0, :] if mask is not None else hidden.new_ones(hidden.shape[:2], dtype=torch.bool)
+        return self.classifier(hidden, real)
 
-    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The encoder output (batch, src_len, d_model) and the source mask it used."""
-        memory, src_mask, _ = self._encode(src_ids, src_mask, False)
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None,
+               lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The encoder output (batch, src_len, d_model) and the source mask it used (None: an
+        input kind whose every position is real)."""
+        memory, src_mask, _ = self._encode(src_ids, src_mask, False, lengths=lengths)
         return memory, src_mask
 
-    def _encode(self, src_ids, src_mask, need_weights, pack=False, token_type_ids=None):
+    def _encode(self, src_ids, src_mask, need_weights, pack=False, token_type_ids=None, lengths=None):
+        if not self.encoder.tokens:  # the input kind's module makes the embeddings and the mask (nn/inputs.py)
+            if src_mask is not None or token_type_ids is not None:
+                raise AtencionError(f"an encoder of inputs kind {self.cfg.inputs['kind']!r} makes its own mask and "
+                                    f"has no token types: give it the raw batch (and lengths) only")
+            embedded, src_mask = self.encoder.embed(src_ids, lengths)
+            memory, attentions = self.encoder(embedded, src_mask, need_weights, pack)
+            return memory, src_mask, attentions
+        if lengths is not None:
+            raise AtencionError("lengths are for an encoder of inputs other than tokens; token ids are padded with "
+                                "pad_id, and the mask is made from it")
         self._check_ids("src_ids", src_ids, self.cfg.vocab_size)
         if src_mask is None:
             src_mask = self.padding_mask(src_ids)

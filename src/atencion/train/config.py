@@ -13,10 +13,11 @@ from typing import Any
 
 import yaml
 
-from ..config import ModelConfig
+from ..config import PRESETS, ModelConfig
 from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
+from ..nn.inputs import input_kind, input_kind_named
 from ..nn.lora import LoraSpec
 from ..nn.positional import position_limit
 from ..tasks import TASKS
@@ -106,14 +107,16 @@ class TrainConfig:
                      start: ModelConfig | None = None) -> ModelConfig:
         """The run's model: the model section's over these vocabularies, or train.init_from's (``start``) re-headed."""
         task_values = task_values or {}  # what the data decides (a classifier's labels)
-        if start is None:  # a new model: the model section over the task's preset
+        if start is None:  # a new model: the model section over the task's preset (or its input kind's)
             values = {**self.model, **task_values}
-            preset = values.pop("preset", None if self.train.init_from else TASKS[self.task].preset)
+            kind = input_kind_named(values.get("inputs"))
+            default = TASKS[self.task].preset if kind is None or kind.tokens else kind.preset
+            preset = values.pop("preset", None if self.train.init_from else default)
             if self.task == "classify" and "pooling" not in values:
-                arch = values.get("arch", ModelConfig.preset(preset, vocab_size=8).arch if preset else None)
+                arch = values.get("arch", PRESETS[preset].get("arch", "encoder-decoder") if preset in PRESETS else None)
                 if arch == "decoder":
                     values["pooling"] = "last"
-            values["vocab_size"] = vocab_size
+            values["vocab_size"] = vocab_size if kind is None or kind.tokens else 0  # images: no vocabulary
             if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
                 values["tgt_vocab_size"] = tgt_vocab_size
                 values.setdefault("share_embeddings", False)
@@ -198,6 +201,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         target = raw[section]
         if section == "model" and "." in name:  # a setting inside a model key's mapping: model.moe.experts=4
             outer, name = name.split(".", 1)
+            if isinstance(target.get(outer), str):  # a kind by its bare name (inputs: patches): {kind: patches}
+                target[outer] = {"kind": target[outer]}
             if not isinstance(target.get(outer), dict):
                 target[outer] = {}
             target = target[outer]
@@ -377,7 +382,7 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
     limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
-    if limit is None:
+    if limit is None or not input_kind(model).tokens:  # another kind's length: its settings (checked in ModelConfig)
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))

@@ -1,0 +1,184 @@
+"""What an encoder reads (``ModelConfig.inputs``): the paper's tokens (§3.4), or another kind of
+input turned into a sequence of d_model-wide vectors, as the Transformer left text behind —
+image patches (ViT, Dosovitskiy et al. 2021, §3.1, eq. 1) and, added by the speech work, log-mel
+frames (Whisper, Radford et al. 2022, §2.2).
+
+``INPUTS`` names every kind once, with what the rest of atencion asks about it: the raw input it
+takes, the archs whose encoder can read it, its settings (required ones, defaults and their
+check), the module it builds, how one example is read from a file and how examples make a
+batch. ``ModelConfig.inputs`` takes ``{kind: NAME, ...settings}`` (a bare name is ``{kind:
+NAME}``; None is ``tokens``, today's behaviour, and a config.json without it loads as tokens);
+config.py's ``_inputs_settings`` checks it against this table.
+
+A kind's module maps the raw batch to the encoder's input:
+``forward(inputs, lengths=None) -> (embeddings (batch, length, d_model), mask or None)``, the
+mask a key-padding mask (batch, 1, 1, length), True at real positions, as
+``Model.padding_mask`` gives for tokens (None: every position is real). The encoder then adds
+its positions (``model.positional``), drops out and runs its layers (nn/transformer.py:
+``Encoder``, ``Transformer._encode``), and the classification head pools the result.
+
+Adding an input kind touches: one module class and one ``InputKind`` entry here (its settings,
+``build``, ``read`` and ``collate``: a speech kind reads a WAV file into log-mel frames (n_mels,
+frames) and pads a batch to (batch, n_mels, frames) with the lengths); the task that trains on
+files reads them through ``read``/``collate`` (tasks/classify.py), so nothing else names a kind.
+A position kind that needs the input's geometry (``sinusoidal-2d``, nn/positional.py) asks it
+here (``patch_grid``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ARCHS, INPUTS
+from ..errors import AtencionError
+from .positional import TokenEmbedding
+
+
+class PatchEmbedding(nn.Module):
+    """ViT (Dosovitskiy et al. 2021), §3.1, eq. (1): the image x ∈ R^{H×W×C} is cut into N =
+    HW/P² patches x_p ∈ R^{N×(P²·C)}, each flattened and linearly projected by E ∈
+    R^{(P²·C)×D}, and a learned [CLS] embedding x_class is prepended: z_0 = [x_class; x_p^1 E;
+    …; x_p^N E] (the positions E_pos are the encoder's, added next). The projection is a
+    convolution with kernel = stride = P (tested against ``torch.nn.Conv2d``): ``weight`` holds
+    E row by row in the order (channel, row, column) of a patch, Conv2d's weight flattened."""
+
+    def __init__(self, d_model: int, patch: int, size: tuple[int, int], channels: int):
+        super().__init__()
+        self.patch, self.size, self.channels = patch, tuple(size), channels
+        self.grid = (size[0] // patch, size[1] // patch)
+        self.proj = nn.Linear(channels * patch * patch, d_model)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        nn.init.normal_(self.cls, std=0.02)
+
+    def patches(self, images: Tensor) -> Tensor:
+        """(batch, C, H, W) → (batch, N, C·P·P): the patches in row-major order of the grid."""
+        p = self.patch
+        x = images.unfold(2, p, p).unfold(3, p, p)                 # (batch, C, rows, cols, P, P)
+        return x.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
+
+    def forward(self, images: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, None]:
+        """z_0 without positions, (batch, 1 + N, d_model); no position is padding."""
+        self.check(images, lengths)
+        x = self.proj(self.patches(images.to(self.proj.weight.dtype)))
+        return torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1), None
+
+    def check(self, images: Tensor, lengths: Tensor | None) -> None:
+        expected = (self.channels, *self.size)
+        if not isinstance(images, Tensor) or not images.is_floating_point() or images.dim() != 4 \
+                or tuple(images.shape[1:]) != expected or images.size(0) == 0:
+            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            dtype = f" {images.dtype}" if isinstance(images, Tensor) else ""
+            raise AtencionError(f"images must be a float tensor (batch, channels, height, width) = (batch, "
+                                f"{', '.join(map(str, expected))}) as model.inputs says, got{dtype} {shape}")
+        if lengths is not None:
+            raise AtencionError("images have no lengths: every image has the size model.inputs gives")
+
+
+# the registry: every kind, named once ------------------------------------------------------------
+
+
+def _no_check(cfg, settings: dict) -> str | None:
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _patches_check(cfg, settings: dict) -> str | None:
+    """patch, size [height, width] and channels positive integers, the patch dividing the size,
+    and learned positions for every patch and the [CLS] token."""
+    for key in ("patch", "channels"):
+        if not _positive(settings[key]):
+            return f"inputs.{key} must be a positive integer, got {settings[key]!r}"
+    size = settings["size"]
+    if not (isinstance(size, list) and len(size) == 2 and all(_positive(s) for s in size)):
+        return f"inputs.size must be [height, width], two positive integers, got {size!r}"
+    if size[0] % settings["patch"] or size[1] % settings["patch"]:
+        return (f"inputs.patch ({settings['patch']}) must divide both sides of inputs.size {size}: the image "
+                f"is cut into patch × patch squares")
+    length = 1 + (size[0] // settings["patch"]) * (size[1] // settings["patch"])
+    if cfg.positional == "learned" and cfg.max_positions < length:
+        return (f"max_positions ({cfg.max_positions}) must be at least {length}: inputs gives {length - 1} "
+                f"patches and the [CLS] token, each with a learned position")
+    return None
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """One kind of encoder input (a value of ``ModelConfig.inputs.kind``) and what atencion asks of it.
+
+    ``takes``: the raw input, in words. ``archs``: the archs whose encoder may read it.
+    ``required`` and ``defaults``: its settings (config.json holds them all, completed);
+    ``check(cfg, settings)``: why a value is wrong (one line naming ``inputs.<key>``), or None.
+    ``build(cfg)``: the module of the encoder's input. ``preset``: the preset a training config
+    of this kind starts from when it names none (tokens: the task's). ``read(path, settings)``: one example from
+    a file, a float tensor (a bad file: an AtencionError naming it); ``collate(examples)``: the
+    batch and its lengths (None when every example has the same size). tokens has neither: text
+    goes through the tokenizer."""
+
+    name: str
+    takes: str
+    archs: tuple[str, ...]
+    build: Callable[[Any], nn.Module]
+    required: tuple[str, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[Any, dict], str | None] = _no_check
+    preset: str | None = None
+    read: Callable[[Path, dict], Tensor] | None = None
+    collate: Callable[[list[Tensor]], tuple[Tensor, Tensor | None]] | None = None
+
+    @property
+    def tokens(self) -> bool:
+        """Whether it reads token ids (through a tokenizer)."""
+        return self.name == "tokens"
+
+
+def stack_images(examples: list[Tensor]) -> tuple[Tensor, None]:
+    """Images of one size, (C, H, W) each, as one batch (batch, C, H, W)."""
+    return torch.stack(examples), None
+
+
+# config.INPUTS is the table ModelConfig checks ``inputs`` against; it is filled here, once.
+INPUTS.update({kind.name: kind for kind in (
+    # §3.4: token ids, each a learned d_model-wide vector × √d_model.
+    InputKind("tokens", "token ids (batch, length), through a tokenizer", ARCHS,
+              lambda cfg: TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embedding)),
+    # ViT (Dosovitskiy et al. 2021): P × P patches, each linearly embedded, and a [CLS] token.
+    InputKind("patches", "images (batch, channels, height, width), floats", ("encoder",),
+              lambda cfg: PatchEmbedding(cfg.d_model, cfg.inputs["patch"], cfg.inputs["size"],
+                                         cfg.inputs["channels"]),
+              required=("patch", "size"), defaults={"channels": 3}, check=_patches_check, preset="vit-tiny",
+              collate=stack_images),
+)})
+
+
+def input_kind_named(inputs: Any) -> InputKind | None:
+    """The kind a model section's ``inputs`` (a mapping, a bare name, or None: tokens) names; None
+    when it names none known (ModelConfig says why)."""
+    name = inputs.get("kind", "tokens") if isinstance(inputs, dict) else inputs if inputs is not None else "tokens"
+    return INPUTS.get(name) if isinstance(name, str) else None
+
+
+def input_kind(cfg) -> InputKind:
+    """The kind ``cfg.inputs`` names (None: tokens)."""
+    return INPUTS["tokens" if cfg.inputs is None else cfg.inputs["kind"]]
+
+
+def reads_tokens(cfg) -> bool:
+    """Whether a model with ModelConfig ``cfg`` reads token ids (and so needs a tokenizer for its input)."""
+    return input_kind(cfg).tokens
+
+
+def patch_grid(cfg) -> tuple[int, int] | None:
+    """The (rows, columns) of patches of an encoder that reads patches, else None."""
+    if cfg.inputs is None or cfg.inputs["kind"] != "patches":
+        return None
+    size, patch = cfg.inputs["size"], cfg.inputs["patch"]
+    return size[0] // patch, size[1] // patch
