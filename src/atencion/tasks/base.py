@@ -50,6 +50,7 @@ class TaskSpec:
     evaluate: Callable[..., dict]  # `atencion evaluate` for a model of this task: (model_dir, options, warn)
     evaluate_options: tuple[str, ...]  # the options of `atencion evaluate` it reads (argument names)
     evaluate_required: tuple[str, ...]  # those it must be given
+    metrics: tuple[str, ...] = ()  # what its validation measures beside the loss (train.early_stop_metric may name one)
 
     @property
     def evaluate_needs(self) -> str:
@@ -113,17 +114,21 @@ def check_model(model, tokenizer: Tokenizer, use: str) -> None:
 @dataclass
 class TaskBatch:
     """One micro-batch: the model's inputs, what the loss predicts, the number of units the loss
-    is summed over (target tokens, masked tokens or sentences) and the tokens it holds."""
+    is summed over (target tokens, masked tokens or sentences) and the tokens it holds; for
+    inputs that are not token ids (log-mel frames), each example's length."""
 
     inputs: Tensor
     targets: Tensor
     units: int
     tokens: int
     decoder_inputs: Tensor | None = None
+    lengths: Tensor | None = None
 
     def to(self, device) -> TaskBatch:
         decoder_inputs = None if self.decoder_inputs is None else self.decoder_inputs.to(device)
-        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.units, self.tokens, decoder_inputs)
+        lengths = None if self.lengths is None else self.lengths.to(device)
+        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.units, self.tokens, decoder_inputs,
+                         lengths)
 
 
 class Task:

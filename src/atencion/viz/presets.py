@@ -34,7 +34,9 @@ def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:
             size = PUBLISHED["bert-base" if name == "bert-tiny" else name][0]  # BERT-Tiny: BERT's WordPiece
         else:
             size = tiny_vocab
-        cfg = ModelConfig.preset(name, vocab_size=size)
+        # an encoder of sounds reads no tokens: its vocabulary is the decoder's (Whisper's)
+        vocabularies = {"tgt_vocab_size": size} if PRESETS[name].get("vocab_size") == 0 and size else {}
+        cfg = ModelConfig.preset(name, **(vocabularies or {"vocab_size": size}))
         with torch.device("meta"):
             n = build_model(cfg).num_parameters()
         published = PUBLISHED[name][1] if name in PUBLISHED and size == PUBLISHED[name][0] else ""
