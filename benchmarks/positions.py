@@ -82,9 +82,9 @@ def figure(report: dict, path: Path, block: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atencion.nn.positional import POSITIONS
+    from atencion.nn import positional
 
-    kinds_known = tuple(POSITIONS)
+    kinds_known = positional.kinds("absolute") + positional.kinds("relative")  # any sequence's: not a grid's
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/positions", help="one run directory per kind is made here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))

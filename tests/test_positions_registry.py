@@ -39,7 +39,7 @@ def _first_layer_input(model, ids):
     return seen["x"], seen["positions"]
 
 
-@pytest.mark.parametrize("name", list(POSITIONS))
+@pytest.mark.parametrize("name", kinds("absolute") + kinds("relative"))  # a grid's kind: test_vit.py
 def test_each_kind_acts_where_its_role_says(name):
     model = small_model(arch="encoder", positional=name, dropout=0.0)
     kind = position_kind(model.cfg)
@@ -61,7 +61,7 @@ def test_each_kind_acts_where_its_role_says(name):
     assert name in kinds(kind.role)
 
 
-@pytest.mark.parametrize("name", list(POSITIONS))
+@pytest.mark.parametrize("name", kinds("absolute") + kinds("relative"))  # a grid's kind: test_vit.py
 def test_position_limit_is_how_many_positions_a_model_can_read(name):
     model = small_model(arch="decoder", positional=name, max_positions=8, dropout=0.0)
     limit = position_limit(model.cfg)

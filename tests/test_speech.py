@@ -273,20 +273,23 @@ def test_transcribe_prints_the_text_of_each_wav_path_and_evaluate_scores_a_tsv(s
                                                                                 capsys):
     _, best = speech_model
     rows = [line.split("\t") for line in (tones / "valid_text.tsv").read_text().splitlines()]
-    paths = tmp_path / "paths.txt"
-    paths.write_text("".join(f"{tones / wav}\n" for _, wav in rows[:6]) + "\n" + f"{tones / rows[-1][1]}\n")
+    paths = tones / "paths.txt"  # relative to its own folder
+    paths.write_text("".join(f"{wav}\n" for _, wav in rows[:6]) + f"{tones / rows[-1][1]}\n")
     status, out, err = run(["transcribe", "--model", str(best), "--input", str(paths), "--beam", "1"], capsys)
     assert status == 0, err
     lines = out.split("\n")[:-1]
-    assert len(lines) == 8 and lines[6] == ""  # one line out per line in, a blank one for a blank one
-    assert sum(got == word for got, (word, _) in zip(lines[:6] + lines[7:], rows[:6] + rows[-1:])) >= 6
+    assert len(lines) == 7  # one line out per line in
+    assert sum(got == word for got, (word, _) in zip(lines, rows[:6] + rows[-1:])) >= 6
     status, beam_out, _ = run(["transcribe", "--model", str(best), "--input", str(paths), "--beam", "3",
                                "--nbest", "2"], capsys)
-    assert status == 0 and len(beam_out.splitlines()) == 7 * 2 + 1  # the blank line: one empty transcript
+    assert status == 0 and len(beam_out.splitlines()) == 7 * 2
+    firsts = [line.split(" ||| ")[1] for line in beam_out.splitlines()[::2]]
+    assert sum(got == word for got, (word, _) in zip(firsts, rows[:6] + rows[-1:])) >= 6
     status, out, err = run(["evaluate", "--model", str(best), "--tsv", str(tones / "valid_text.tsv"), "--beam", "1"],
                            capsys)
+    assert status == 0, err
     result = json.loads(out)
-    assert status == 0 and result["task"] == "transcribe" and result["sentences"] == len(rows)
+    assert result["task"] == "transcribe" and result["sentences"] == len(rows)
     assert result["exact_match"] > 0.9 and 0 <= result["chrf"] <= 100 and "bleu" in result
 
 
@@ -294,6 +297,11 @@ def test_transcribe_refuses_a_bad_wav_in_one_line_naming_it_and_writes_nothing(s
                                                                                capsys):
     _, best = speech_model
     good = tones / "wav" / "valid_low_0.wav"
+    paths = tmp_path / "paths.txt"
+    paths.write_text(f"{good}\n\n{good}\n")
+    status, out, err = run(["transcribe", "--model", str(best), "--input", str(paths)], capsys)
+    assert status == 2 and out == "" and err == (f"atencion transcribe: error: {paths} line 2: empty; expected the "
+                                                 f"path of a WAV file to transcribe\n")
     for content, says in ((b"", "empty file"), (b"not audio at all", "not a WAV file"),
                           (good.read_bytes()[:30], "not a readable PCM WAV"), (None, "file not found")):
         bad = tmp_path / "bad.wav"

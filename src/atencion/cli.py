@@ -165,7 +165,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
     add_decoding_arguments(p, text=False)
-    p.add_argument("--input", help="WAV files, one path a line, relative to the current directory (default: stdin)")
+    p.add_argument("--input", help="WAV files, one path a line, relative to this file's folder (default: stdin, "
+                                   "paths relative to the current directory)")
     p.add_argument("--output", help="output file (default: stdout); written atomically")
     p.add_argument("--nbest", type=POSITIVE, default=1,
                    help="print the N best transcripts as 'LINE ||| TEXT ||| SCORE' (default: 1)")
@@ -176,8 +177,8 @@ def cmd_transcribe(args: argparse.Namespace) -> None:
     """Write the text of each WAV file named on --input (default stdin), one path a line, one line
     out per line in, with a speech-to-text model (task transcribe). A WAV file is PCM (8, 16, 24 or
     32 bits, mono or more channels, averaged), at any rate: it is resampled to 16 kHz. Every file is
-    read before any is decoded: a missing, empty, corrupt or non-WAV file stops the command, naming
-    its line and the file, with nothing written."""
+    read before any is decoded: an empty line, or a missing, empty, corrupt or non-WAV file, stops
+    the command, naming its line and the file, with nothing written."""
     from .tasks.transcribe import transcribe_file
 
     text = transcribe_file(args.model, args.input, args.output, decode_config_of(args), args.nbest, args.device,

@@ -313,8 +313,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # vocabulary and the parameter count their papers give
 PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
              "t5-small": (32128, "60M"), "smollm-135m": (49152, "135M"), "tinyllama-1.1b": (32000, "1.1B"),
-             "mistral-7b": (32000, "7.2B"), "vit-base": (0, "86M"), "vit-tiny": (0, "5.7M"),
-             "whisper-tiny": (51865, "39M")}
+             "mistral-7b": (32000, "7.2B"), "vit-base": (0, "86M"), "whisper-tiny": (51865, "39M")}
 
 
 # RoPE scaling (``rope_scaling``): each type and the keys it needs, as Hugging Face's Llama family writes them

@@ -33,6 +33,7 @@ IMPORTERS = {
     "LlamaForCausalLM": ("llama", "from_llama"),
     "MistralForCausalLM": ("llama", "from_llama"),
     "Qwen2ForCausalLM": ("llama", "from_llama"),
+    "ViTForImageClassification": ("vit", "from_vit"),
 }
 # families exported by another family's module, as to_<family> there
 EXPORTED_BY = {"mistral": "llama", "qwen2": "llama"}
@@ -48,9 +49,9 @@ def from_hf(hf_model):
 
 
 def to_hf(model, family: str | None = None):
-    """The Hugging Face model equal to ``model``: BERT for an encoder; for a decoder, Llama with
-    RoPE and RMSNorm (Qwen2 with q/k/v biases only, Mistral with a sliding window), GPT-2
-    otherwise; Marian for the paper's translator, T5 for a T5-style translator; or the
+    """The Hugging Face model equal to ``model``: BERT for an encoder (ViT for one of image
+    patches); for a decoder, Llama with RoPE and RMSNorm (Qwen2 with q/k/v biases only, Mistral
+    with a sliding window), GPT-2 otherwise; Marian for the paper's translator, T5 for a T5-style translator; or the
     ``family`` named (a module of IMPORTERS, e.g. "t5", or "mistral", "qwen2")."""
     cfg = model.cfg
     if cfg.arch == "rnn":
@@ -62,7 +63,7 @@ def to_hf(model, family: str | None = None):
     kind = "full" if cfg.attention is None else cfg.attention["kind"]
     if family is None:
         if cfg.arch == "encoder":
-            family = "bert"
+            family = "vit" if cfg.inputs is not None and cfg.inputs["kind"] == "patches" else "bert"
         elif cfg.arch == "decoder":
             family = _decoder_family(cfg)
         else:

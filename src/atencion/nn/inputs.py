@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ARCHS, INPUTS
+from ..data.images import read_image
 from ..errors import AtencionError
 from .positional import TokenEmbedding
 
@@ -212,10 +213,12 @@ class InputKind:
     ``required`` and ``defaults``: its settings (config.json holds them all, completed);
     ``check(cfg, settings)``: why a value is wrong (one line naming ``inputs.<key>``), or None.
     ``build(cfg)``: the module of the encoder's input. ``preset``: the preset a training config
-    of this kind starts from when it names none (tokens: the task's). ``read(path, settings)``: one example from
-    a file, a float tensor (a bad file: an AtencionError naming it); ``collate(examples)``: the
-    batch and its lengths (None when every example has the same size). tokens has neither: text
-    goes through the tokenizer."""
+    of this kind starts from when it names none (tokens: the task's). ``read(path, settings)``:
+    one example from a file, a float tensor (a bad file: an AtencionError naming it);
+    ``collate(examples)``: the batch and its lengths (None when every example has the same
+    size); ``positions(example, settings)``: how many positions the encoder gives it (what
+    train.max_tokens and --batch-tokens count). tokens has none of the three: text goes through
+    the tokenizer."""
 
     name: str
     takes: str
@@ -227,6 +230,7 @@ class InputKind:
     preset: str | None = None
     read: Callable[[Path, dict], Tensor] | None = None
     collate: Callable[[list[Tensor]], tuple[Tensor, Tensor | None]] | None = None
+    positions: Callable[[Tensor, dict], int] | None = None
 
     @property
     def tokens(self) -> bool:
@@ -239,6 +243,11 @@ def stack_images(examples: list[Tensor]) -> tuple[Tensor, None]:
     return torch.stack(examples), None
 
 
+def _patches(image: Tensor, settings: dict) -> int:
+    """[CLS] and the patches of one image."""
+    return 1 + (settings["size"][0] // settings["patch"]) * (settings["size"][1] // settings["patch"])
+
+
 # config.INPUTS is the table ModelConfig checks ``inputs`` against; it is filled here, once.
 INPUTS.update({kind.name: kind for kind in (
     # §3.4: token ids, each a learned d_model-wide vector × √d_model.
@@ -249,13 +258,15 @@ INPUTS.update({kind.name: kind for kind in (
               lambda cfg: PatchEmbedding(cfg.d_model, cfg.inputs["patch"], cfg.inputs["size"],
                                          cfg.inputs["channels"]),
               required=("patch", "size"), defaults={"channels": 3}, check=_patches_check, preset="vit-tiny",
-              collate=stack_images),
+              read=lambda path, settings: read_image(path, settings["channels"], settings["size"]),
+              collate=stack_images, positions=_patches),
     # Whisper (Radford et al. 2022): log-mel frames of a recording, two convolutions (the second of stride 2).
     InputKind("spectrogram", "log-mel frames (batch, n_mels, frames), floats, and their lengths",
               ("encoder", "encoder-decoder"),
               lambda cfg: SpectrogramFrontEnd(cfg.d_model, cfg.inputs["n_mels"], cfg.inputs["max_frames"]),
               defaults={"n_mels": 80, "max_frames": 3000}, check=_spectrogram_check, preset="whisper-tiny",
-              read=read_spectrogram, collate=pad_frames),
+              read=read_spectrogram, collate=pad_frames, positions=lambda frames, settings: frame_positions(
+                  frames.size(-1))),
 )})
 
 
@@ -282,3 +293,17 @@ def patch_grid(cfg) -> tuple[int, int] | None:
         return None
     size, patch = cfg.inputs["size"], cfg.inputs["patch"]
     return size[0] // patch, size[1] // patch
+
+
+def read_inputs(settings: dict, paths: list[Path], where: Callable[[int], str]) -> list[Tensor]:
+    """The examples at ``paths``, each read by the input kind of ``settings`` (a model's
+    ``inputs``); a bad file is refused in one line that names it after ``where(i)`` (the list or
+    TSV line that gives path i)."""
+    kind = INPUTS[settings["kind"]]
+    examples = []
+    for i, path in enumerate(paths):
+        try:
+            examples.append(kind.read(path, settings))
+        except AtencionError as err:
+            raise type(err)(f"{where(i)}: {err}") from None
+    return examples

@@ -7,7 +7,8 @@ An atencion model directory holds:
     model.safetensors                  the weights (tied tensors stored once)
     lora.json, adapters.safetensors    instead of the weights: LoRA adapters over a base directory,
                                        named by path and by the SHA-256 of its weights (nn/lora.py)
-    the tokenizer's files              data/tokenizer.py (tokenizer.json and the subword models)
+    the tokenizer's files              data/tokenizer.py (tokenizer.json and the subword models); none
+                                       for a model without a vocabulary (a ViT reads images: ``has_vocabulary``)
 
 Nothing is ever unpickled. ``save_model``/``load_model`` write and read the model
 (``Model.save``/``Model.load`` call them), ``load_model_dir`` reads a model with its tokenizer,
@@ -393,21 +394,30 @@ def check_base(directory: Path, record: dict) -> Path:
 # the model with its tokenizer ---------------------------------------------------------------------
 
 
+def has_vocabulary(cfg: ModelConfig) -> bool:
+    """Whether a model reads or writes tokens, and so has a tokenizer: every model but an encoder
+    of another kind of input (a ViT's images) with no decoder (``vocab_size`` 0 and no target's)."""
+    return bool(cfg.vocab_size or cfg.target_vocab_size)
+
+
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
                    what: str = "--model", merge: bool = True,
-                   dtype: torch.dtype | None = torch.float32) -> tuple[nn.Module, Tokenizer]:
+                   dtype: torch.dtype | None = torch.float32) -> tuple[nn.Module, Tokenizer | None]:
     """The model (in eval mode) and tokenizer of the model directory ``path``, atencion's or
     Hugging Face's (converted); ``what`` names the option it came from in messages. The
-    tokenizer's vocabularies must be the model's. The LoRA adapters of an adapted model are
-    folded into its weights unless ``merge`` is False. ``dtype``: that of the model's tensors
-    (None: as stored)."""
+    tokenizer's vocabularies must be the model's; a model without a vocabulary (``has_vocabulary``)
+    has no tokenizer: None. The LoRA adapters of an adapted model are folded into its weights
+    unless ``merge`` is False. ``dtype``: that of the model's tensors (None: as stored)."""
     path = need_dir(path, what)
-    if directory_kind(path) == "huggingface" and not any((path / name).is_file() for name in (INFO_FILE, "source.spm")):
+    tokenizer_files = any((path / name).is_file() for name in (INFO_FILE, "source.spm"))
+    if directory_kind(path) == "huggingface" and not tokenizer_files and has_vocabulary(load_config(path)):
         raise MissingFileError(f"{path / INFO_FILE}: not found; a Hugging Face model directory needs its tokenizer "
                                f"(tokenizer.json, or Marian's source.spm, target.spm and vocab.json)")
     model = load_model(path, map_location=resolve_device(device), dtype=dtype).eval()
     if merge:
         merge_lora(model)
+    if not has_vocabulary(model.cfg):
+        return (quantize_int8(model) if int8 else model), None
     tokenizer = Tokenizer.load(path)
     check_vocabularies(path, model, tokenizer)
     if int8:
@@ -415,12 +425,14 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     return model, tokenizer
 
 
-def save_model_dir(directory: str | os.PathLike, model: nn.Module, tokenizer: Tokenizer) -> None:
-    """Write the model and its tokenizer into ``directory``, atomically (the files go to a
-    temporary directory renamed to ``directory`` when complete): what ``load_model_dir`` reads."""
+def save_model_dir(directory: str | os.PathLike, model: nn.Module, tokenizer: Tokenizer | None) -> None:
+    """Write the model and its tokenizer (None for a model without a vocabulary) into
+    ``directory``, atomically (the files go to a temporary directory renamed to ``directory``
+    when complete): what ``load_model_dir`` reads."""
     def fill(tmp: Path) -> None:
         save_model(model, tmp)
-        tokenizer.save(tmp)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
 
     atomic_directory(directory, fill)
 

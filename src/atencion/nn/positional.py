@@ -59,6 +59,32 @@ class SinusoidalPositionalEncoding(nn.Module):
         return sinusoidal_table(n, self.d_model)
 
 
+class Sinusoidal2DPositions(nn.Module):
+    """Fixed 2-D positions for a grid of image patches: ViT's 2-D scheme (Dosovitskiy et al.
+    2021, appendix D.4: half of d_model for the patch's row, half for its column) with §3.5's
+    sinusoids in place of learned vectors, as MoCo v3 and MAE (He et al. 2022) use it; position
+    0, the [CLS] token, gets zeros."""
+
+    def __init__(self, d_model: int, grid: tuple[int, int]):
+        super().__init__()
+        rows, cols = grid
+        half = d_model // 2
+        row = sinusoidal_table(rows, half)[:, None, :].expand(rows, cols, half)
+        col = sinusoidal_table(cols, half)[None, :, :].expand(rows, cols, half)
+        patches = torch.cat([row, col], dim=-1).reshape(rows * cols, d_model)
+        self.register_buffer("table", torch.cat([patches.new_zeros(1, d_model), patches]), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.table.size(0):
+            raise AtencionError(f"sequence reaches position {end} but the patch grid has {self.table.size(0)} "
+                                f"positions ([CLS] and the patches)")
+        return self.table[offset:end]
+
+    def vectors(self, n: int) -> Tensor:
+        return self.table[:n]
+
+
 class LearnedPositionalEmbedding(nn.Module):
     """Table 3, row (E): a learned vector per position instead of sinusoids."""
 
@@ -236,6 +262,22 @@ def _even_d_model(cfg) -> str | None:
     return None
 
 
+def _grid(cfg) -> tuple[int, int] | None:
+    """The (rows, columns) of an encoder's patches (nn/inputs.py), None if it reads none."""
+    from .inputs import patch_grid  # nn/inputs.py imports this module
+
+    return patch_grid(cfg)
+
+
+def _patch_grid_kind(cfg) -> str | None:
+    if _grid(cfg) is None:
+        return "positional 'sinusoidal-2d' numbers a grid of image patches: it needs model.inputs kind patches"
+    if cfg.d_model % 4:
+        return f"positional 'sinusoidal-2d' needs d_model divisible by 4 (sines and cosines of rows and columns), " \
+               f"got {cfg.d_model}"
+    return None
+
+
 def _even_d_k(cfg) -> str | None:
     if cfg.d_k % 2:
         return f"positional 'rope' needs an even d_k = d_model / n_heads, got {cfg.d_k}"
@@ -250,13 +292,15 @@ class PositionKind:
     "relative", terms inside each self-attention layer (cross-attention relates two sequences and
     takes none). ``build(cfg)``: the module of one stack, for a ModelConfig ``cfg``. ``limit(cfg)``:
     how many positions that module can read, None when it extends without limit. ``check(cfg)``:
-    why ``cfg`` cannot take this kind (the message ModelConfig raises), or None."""
+    why ``cfg`` cannot take this kind (the message ModelConfig raises), or None. ``grid``: True
+    for a kind that numbers a grid of image patches (model.inputs patches), not any sequence."""
 
     name: str
     role: str
     build: Callable[[Any], nn.Module]
     limit: Callable[[Any], int | None] = _no_limit
     check: Callable[[Any], str | None] = _fits
+    grid: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -271,6 +315,9 @@ POSITIONS.update({kind.name: kind for kind in (
     # Table 3, row (E): a learned table of max_positions rows, and nothing past it.
     PositionKind("learned", "absolute", lambda cfg: LearnedPositionalEmbedding(cfg.d_model, cfg.max_positions),
                  limit=lambda cfg: cfg.max_positions),
+    # 2-D sinusoids (ViT's D.4 with §3.5's sinusoids, as MAE): a patch's row and column, [CLS] zeros.
+    PositionKind("sinusoidal-2d", "absolute", lambda cfg: Sinusoidal2DPositions(cfg.d_model, _grid(cfg)),
+                 limit=lambda cfg: 1 + _grid(cfg)[0] * _grid(cfg)[1], check=_patch_grid_kind, grid=True),
     # RoPE (Su et al. 2021): queries and keys turned by their positions.
     PositionKind("rope", "relative", lambda cfg: RotaryPositions(cfg.d_k, cfg.rope_base, cfg.rope_scaling),
                  check=_even_d_k),
@@ -283,8 +330,9 @@ POSITIONS.update({kind.name: kind for kind in (
 
 
 def kinds(role: str) -> tuple[str, ...]:
-    """The names of the kinds of one ``role``, in POSITIONS order."""
-    return tuple(name for name, kind in POSITIONS.items() if kind.role == role)
+    """The names of the kinds of one ``role`` that number any sequence (not only a grid of
+    patches), in POSITIONS order."""
+    return tuple(name for name, kind in POSITIONS.items() if kind.role == role and not kind.grid)
 
 
 def position_kind(cfg) -> PositionKind:

@@ -114,8 +114,9 @@ def check_model(model, tokenizer: Tokenizer, use: str) -> None:
 @dataclass
 class TaskBatch:
     """One micro-batch: the model's inputs, what the loss predicts, the number of units the loss
-    is summed over (target tokens, masked tokens or sentences) and the tokens it holds; for
-    inputs that are not token ids (log-mel frames), each example's length."""
+    is summed over (target tokens, masked tokens or sentences) and the tokens it holds (an
+    encoder of another kind of input: its positions). ``lengths``: the inputs' lengths, for an
+    input kind whose examples differ in length (nn/inputs.py)."""
 
     inputs: Tensor
     targets: Tensor
@@ -136,6 +137,7 @@ class Task:
 
     name = ""
     symbols: tuple[str, ...] = ()  # tokens a new vocabulary must hold (mlm: <mask>)
+    tokens = True                  # whether the model reads tokens (and so has a tokenizer)
 
     def __init__(self, cfg):
         self.cfg = cfg  # the run's TrainConfig (train/config.py, which reads TASKS: not imported here)
@@ -144,7 +146,8 @@ class Task:
         """The text a new tokenizer is trained on."""
         raise NotImplementedError
 
-    def train_tokenizer(self) -> Tokenizer:
+    def train_tokenizer(self) -> Tokenizer | None:
+        """The tokenizer a new run trains (None: a model without a vocabulary, a ViT)."""
         d = self.cfg.data
         return Tokenizer.train_text(self.tokenizer_texts(), d.tokenizer, d.vocab_size, d.model_type,
                                     d.character_coverage, self.symbols)

@@ -1,7 +1,12 @@
 """Task ``classify``: a label per sentence (``label<TAB>text``) from a classification head over
 an encoder (BERT's first token) or a decoder (GPT's last), validated by accuracy; a trained
 model labels lines (``classify_lines``, ``classify_probabilities``) and is scored with a
-confusion matrix (``evaluate_classifier``)."""
+confusion matrix (``evaluate_classifier``).
+
+An encoder of another kind of input (``model.inputs``: a ViT's images) reads ``label<TAB>path``
+rows instead, each path relative to the TSV's folder, each file read by its input kind
+(nn/inputs.py: ``read``, ``collate``); it has no tokenizer. Such a model labels files
+(``classify_paths``)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,10 +24,12 @@ from torch import Tensor
 
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
-from ..data.text import read_labelled, read_labelled_lines
+from ..data.images import shift_images
+from ..data.text import read_labelled_lines
 from ..data.tokenizer import PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
+from ..nn.inputs import INPUTS, input_kind, read_inputs
 from ..nn.model_dir import load_model_dir
 from .base import (
     Task,
@@ -54,24 +62,44 @@ class ClassifyTask(Task):
     def __init__(self, cfg):
         super().__init__(cfg)
         d = cfg.data
+        self.inputs = cfg.model_inputs()  # None: tokens; else the files are read now, before anything is written
+        self.tokens = self.inputs is None
+        what = "text" if self.tokens else "path"
+        if d.shift and (self.inputs is None or self.inputs["kind"] != "patches"):
+            reads = self.inputs["kind"] if self.inputs else "tokens"
+            raise AtencionError(f"data.shift moves images; this model reads {reads} (model.inputs): set data.shift: 0")
         if d.train_tsv is None:
-            raise AtencionError("data.train_tsv: task 'classify' reads label<TAB>text rows; set data.train_tsv")
-        self.train_rows, self.labels, skipped = read_labelled(d.train_tsv, None, d.header, d.empty_lines, _header)
+            raise AtencionError(f"data.train_tsv: task 'classify' reads label<TAB>{what} rows; set data.train_tsv")
+        self.train_rows, self.labels, skipped, lines = read_labelled_lines(d.train_tsv, None, d.header,
+                                                                          d.empty_lines, _header)
         if len(self.labels) < 2:
             raise AtencionError(f"{d.train_tsv}: only one label ({self.labels[0]!r}); a classifier needs two or more")
         if skipped:
-            log.warning("%s: skipped %d rows with an empty text", d.train_tsv, skipped)
-        self.valid_rows = (read_labelled(d.valid_tsv, self.labels, d.header, d.empty_lines, _header)[0]
-                           if d.valid_tsv else None)
+            log.warning("%s: skipped %d rows with an empty %s", d.train_tsv, skipped, what)
+        valid = read_labelled_lines(d.valid_tsv, self.labels, d.header, d.empty_lines, _header) if d.valid_tsv \
+            else None
+        self.valid_rows = valid[0] if valid else None
+        if not self.tokens:
+            self.images = read_rows(self.inputs, d.train_tsv, self.train_rows, lines)
+            self.valid_images = read_rows(self.inputs, d.valid_tsv, valid[0], valid[3]) if valid else None
 
     def tokenizer_texts(self) -> list[str]:
         return [text for _, text in self.train_rows]
 
+    def train_tokenizer(self) -> Tokenizer | None:
+        return super().train_tokenizer() if self.tokens else None  # a ViT reads no text
+
     def model_values(self) -> dict:
         return {**super().model_values(), "num_labels": len(self.labels), "labels": self.labels}
 
-    def encode(self, tokenizer: Tokenizer) -> None:
+    def encode(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
+        if not self.tokens:
+            self.examples, self.targets = self.images, [label for label, _ in self.train_rows]
+            self.valid = (self.valid_images, [label for label, _ in self.valid_rows]) if self.valid_rows else None
+            kind = INPUTS[self.inputs["kind"]]
+            self._lengths = [(kind.positions(e, self.inputs) - 1, 0) for e in self.examples]
+            return
         max_len = self.cfg.data.max_len
         self.examples, self.targets = self._encode(self.train_rows, "train TSV", max_len)
         self.valid = self._encode(self.valid_rows, "valid TSV", max_len) if self.valid_rows else None
@@ -95,6 +123,14 @@ class ClassifyTask(Task):
         return self.valid is not None
 
     def make_batch(self, indices, step, part) -> TaskBatch:
+        labels = torch.tensor([self.targets[i] for i in indices])
+        if not self.tokens:
+            inputs, lengths = INPUTS[self.inputs["kind"]].collate([self.examples[i] for i in indices])
+            if self.cfg.data.shift:  # drawn from the seed, the step and the part: a resumed run draws them again
+                seed = self.cfg.train.seed * 1_000_003 + step * 1009 + part
+                inputs = shift_images(inputs, self.cfg.data.shift, torch.Generator().manual_seed(seed))
+            positions = sum(self._lengths[i][0] + 1 for i in indices)
+            return TaskBatch(inputs, labels, len(indices), positions, lengths=lengths)
         pad = self.tokenizer.specials.pad
         pad = PAD_ID if pad is None else pad
         ids = pad_rows([self.examples[i] for i in indices], pad)
@@ -102,7 +138,7 @@ class ClassifyTask(Task):
         return TaskBatch(ids, labels, len(indices), int((ids != pad).sum()))
 
     def loss(self, forward, model, batch):
-        logits = forward(batch.inputs, classify=True).float()
+        logits = forward(batch.inputs, classify=True, lengths=batch.lengths).float()
         loss = F.cross_entropy(logits, batch.targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
         return loss, F.cross_entropy(logits.detach(), batch.targets, reduction="sum")
 
@@ -115,10 +151,27 @@ class ClassifyTask(Task):
         return {"valid_loss": scores["loss"], "valid_accuracy": scores["accuracy"]}
 
 
+def read_rows(inputs: dict, tsv: str, rows: list[tuple[int, str]], lines: list[int],
+              name: str | None = None) -> list[Tensor]:
+    """The files the ``(label, path)`` rows of ``tsv`` name (relative to its folder), read as the
+    model's ``inputs`` say; a bad one is refused naming the TSV's line (the TSV called ``name``)."""
+    folder = Path(tsv).parent
+    return read_inputs(inputs, [folder / path for _, path in rows], lambda i: f"{name or tsv} line {lines[i]}")
+
+
 @torch.no_grad()
-def classify_logits(model, examples: list[list[int]], max_tokens: int, device) -> Tensor:
-    """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``), in their order."""
+def classify_logits(model, examples: list[list[int]] | list[Tensor], max_tokens: int, device) -> Tensor:
+    """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``, or the raw inputs
+    of the model's input kind), in their order."""
     out = torch.empty(len(examples), model.cfg.num_labels)
+    kind = input_kind(model.cfg)
+    if not kind.tokens:
+        lengths = [(kind.positions(e, model.cfg.inputs) - 1, 0) for e in examples]
+        for group in token_batches(lengths, max_tokens, seed=None):
+            inputs, sizes = kind.collate([examples[i] for i in group])
+            sizes = None if sizes is None else sizes.to(device)
+            out[group] = model.classify(inputs.to(device), lengths=sizes).float().cpu()
+        return out
     for group in token_batches([(len(e), 0) for e in examples], max_tokens, seed=None):
         rows = pad_rows([examples[i] for i in group], model.cfg.pad_id)
         out[group] = model.classify(rows.to(device)).float().cpu()
@@ -133,8 +186,9 @@ def classify_scores(model, examples, targets: list[int], max_tokens: int, device
     n = model.cfg.num_labels
     confusion = torch.zeros(n, n, dtype=torch.long)
     confusion.index_put_((gold, predicted), torch.ones_like(gold), accumulate=True)
+    count = "sentences" if input_kind(model.cfg).tokens else "examples"
     return {"loss": float(F.cross_entropy(logits, gold)), "accuracy": float((predicted == gold).float().mean()),
-            "confusion": confusion.tolist(), "sentences": len(targets)}
+            "confusion": confusion.tolist(), count: len(targets)}
 
 
 # the use side: classify -----------------------------------------------------------------------
@@ -172,6 +226,16 @@ def classify_lines(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: 
     return [(names[i], p) for i, p in zip(index.tolist(), probabilities.tolist())]
 
 
+def classify_paths(model, paths: list[Path], batch_tokens: int = 4096,
+                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> torch.Tensor:
+    """The probability of every label for each file of ``paths`` (an image for a ViT), read by
+    the model's input kind, (len(paths), num_labels); a bad file is refused naming ``where(i)``."""
+    check_model(model, None, "classify")
+    examples = read_inputs(model.cfg.inputs, paths, where)
+    with evaluating(model):
+        return classify_logits(model, examples, batch_tokens, model_device(model)).softmax(-1)
+
+
 def prediction(names: list[str], row: list[float]) -> dict[str, Any]:
     """One text's answer: the most likely label, its probability and every label's."""
     best = max(range(len(row)), key=row.__getitem__)
@@ -184,7 +248,10 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
     ``model``, one line out per line in: 'LABEL<TAB>PROBABILITY', or (``as_json``) one JSON
     object per line with every label's probability. An empty line gets the model's answer on the
     empty sentence, so that the lines stay aligned; bytes that are not UTF-8 are replaced, and
-    ``warn(message)`` hears of it, as it does (once) of characters a character vocabulary lacks."""
+    ``warn(message)`` hears of it, as it does (once) of characters a character vocabulary lacks.
+    A model of another input kind (a ViT) reads a file's path on each line instead, relative to
+    the folder of ``input`` (stdin: the current directory); an empty line, or a bad file, is
+    refused naming the line."""
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -196,6 +263,17 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
     def where(index: int) -> str:
         return f"{name} line {index + 1}"
 
+    if not input_kind(loaded.cfg).tokens:
+        empty = [i for i, line in enumerate(lines) if not line.strip()]
+        if empty:
+            raise AtencionError(f"{where(empty[0])}: empty; expected the path of a file to classify")
+        folder = Path(input).parent if input else Path()
+        probabilities = classify_paths(loaded, [folder / line.strip() for line in lines], batch_tokens, where)
+        best, index = probabilities.max(-1)
+        names = label_names(loaded)
+        if not as_json:
+            return "".join(f"{names[i]}\t{p:.4f}\n" for i, p in zip(index.tolist(), best.tolist()))
+        return "".join(json.dumps(prediction(names, row), ensure_ascii=False) + "\n" for row in probabilities.tolist())
     if not as_json:
         return "".join(f"{label}\t{p:.4f}\n" for label, p in
                        classify_lines(loaded, tokenizer, lines, batch_tokens, max_input_tokens, where, warn, name))
@@ -231,10 +309,17 @@ def evaluate_classifier(model, tokenizer: Tokenizer, rows: list[tuple[int, str]]
 def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for a classifier: ``evaluate_classifier`` on the rows of the file
     ``tsv`` (a first line whose label is no label of the model is a header, as in training)."""
-    def score(loaded, tokenizer: Tokenizer, path: str) -> dict:
+    def score(loaded, tokenizer: Tokenizer | None, path: str) -> dict:
         rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
         if skipped and warn is not None:
             warn(f"{path}: left out {skipped} rows with an empty text")
+        if not input_kind(loaded.cfg).tokens:  # label<TAB>path rows: the files, read by the model's input kind
+            check_model(loaded, tokenizer, "classify")
+            examples = read_rows(loaded.cfg.inputs, path, rows, lines, f"--tsv {path}")
+            with evaluating(loaded):
+                scores = classify_scores(loaded, examples, [label for label, _ in rows],
+                                         options.get("batch_tokens", 4096), model_device(loaded))
+            return {**scores, "labels": label_names(loaded)}
         return evaluate_classifier(loaded, tokenizer, rows, options.get("batch_tokens", 4096),
                                    options.get("max_input_tokens", 1024), f"--tsv {path}", lines, warn)
 

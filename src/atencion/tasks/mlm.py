@@ -163,7 +163,7 @@ def mlm_scores(model, masker: Masker, examples: list[list[int]], max_tokens: int
 
 
 def can_fill_mask(model, tokenizer: Tokenizer) -> bool:
-    return model.cfg.arch == "encoder" and tokenizer.mask_id is not None
+    return model.cfg.arch == "encoder" and tokenizer is not None and tokenizer.mask_id is not None
 
 
 def token_text(tokenizer: Tokenizer, i: int) -> str:

@@ -27,7 +27,7 @@ from ..decode.translate import Translation, decode_sources
 from ..errors import AtencionError
 from ..evaluate import score
 from ..fileio import atomic_write, need_file, need_output_file
-from ..nn.inputs import INPUTS, input_kind
+from ..nn.inputs import INPUTS, input_kind, read_inputs
 from ..nn.model_dir import load_model_dir
 from .base import Task, TaskBatch, TaskSpec, check_model, evaluate_file, register_task
 from .translate import format_translations, seq2seq_loss, seq2seq_valid_loss
@@ -55,22 +55,6 @@ def read_file_rows(path: str | Path, column: str = "text") -> list[tuple[str, Pa
     return rows
 
 
-def read_inputs(paths: list[Path], inputs: dict[str, Any], where: Callable[[int], str]) -> list[Tensor]:
-    """Each file read as the model's input kind reads one example (``InputKind.read``: a WAV
-    file's log-mel frames); a bad file is refused in one line that names ``where(index)``
-    (the TSV and its line, or the input line) and the file."""
-    kind = INPUTS[inputs["kind"]]
-    if kind.read is None:
-        raise AtencionError(f"inputs kind {kind.name!r} reads {kind.takes}, not files")
-    out = []
-    for i, path in enumerate(paths):
-        try:
-            out.append(kind.read(path, inputs))
-        except AtencionError as err:
-            raise AtencionError(f"{where(i)}: {err}") from None
-    return out
-
-
 # the training side ----------------------------------------------------------------------------
 
 
@@ -91,7 +75,7 @@ class TranscribeTask(Task):
 
     def _read(self, tsv: str) -> list[tuple[str, Tensor]]:
         rows = read_file_rows(tsv)
-        features = read_inputs([p for _, p, _ in rows], self.inputs, lambda i: f"{tsv} line {rows[i][2]}")
+        features = read_inputs(self.inputs, [p for _, p, _ in rows], lambda i: f"{tsv} line {rows[i][2]}")
         log.info("%s: %d recordings", tsv, len(rows))
         return [(text, x) for (text, _, _), x in zip(rows, features)]
 
@@ -116,8 +100,9 @@ class TranscribeTask(Task):
         return kept
 
     def lengths(self) -> list[tuple[int, int]]:
-        """(frames, target tokens): train.max_tokens counts frames on the source side."""
-        return [(x.size(-1), len(ids)) for x, ids in self.examples]
+        """(source positions, target tokens) without EOS: train.max_tokens counts the encoder's
+        positions (a recording's frames / 2) on the source side."""
+        return _lengths(self.examples, self.inputs)
 
     def has_validation(self) -> bool:
         return self.valid is not None
@@ -130,7 +115,7 @@ class TranscribeTask(Task):
 
     @torch.no_grad()
     def validate(self, model, device, step):
-        lengths = [(x.size(-1), len(ids)) for x, ids in self.valid]
+        lengths = _lengths(self.valid, self.inputs)
         batches = (_batch([self.valid[i] for i in group], self.inputs)
                    for group in token_batches(lengths, self.cfg.train.max_tokens, seed=None))
         result = seq2seq_valid_loss(model, batches, self.cfg.label_smoothing, device, step)
@@ -141,6 +126,11 @@ class TranscribeTask(Task):
             scores = transcript_scores([o[0].text for o in out], [text for text, _ in rows])
             result.update({f"valid_{k}": v for k, v in scores.items()})
         return result
+
+
+def _lengths(examples: list[tuple[Tensor, list[int]]], inputs: dict[str, Any]) -> list[tuple[int, int]]:
+    kind = INPUTS[inputs["kind"]]
+    return [(kind.positions(x, inputs) - 1, len(ids)) for x, ids in examples]  # token_batches adds the EOS
 
 
 def _batch(examples: list[tuple[Tensor, list[int]]], inputs: dict[str, Any]) -> TaskBatch:
@@ -172,7 +162,7 @@ def transcribe_inputs(model, tokenizer: Tokenizer, inputs: list[Tensor], decode:
     """The ``nbest`` best transcripts of each example (a recording's frames, as the model's input
     kind reads it), decoded by the translator's search (greedy for beam 1, else beam search)."""
     kind = input_kind(model.cfg)
-    return decode_sources(model, tokenizer, [x.size(-1) for x in inputs],
+    return decode_sources(model, tokenizer, [kind.positions(x, model.cfg.inputs) - 1 for x in inputs],
                           lambda group: kind.collate([inputs[i] for i in group]), decode or DecodeConfig(), nbest,
                           where)
 
@@ -183,17 +173,18 @@ def transcribe_paths(model, tokenizer: Tokenizer, paths: list[Path], decode: Dec
     """``transcribe_inputs`` of WAV files; every file is read (and a bad one refused, naming
     ``where(index)`` and the file) before anything is decoded."""
     check_model(model, tokenizer, "transcribe")
-    return transcribe_inputs(model, tokenizer, read_inputs(paths, model.cfg.inputs, where), decode, nbest, where)
+    return transcribe_inputs(model, tokenizer, read_inputs(model.cfg.inputs, paths, where), decode, nbest, where)
 
 
 def transcribe_file(model: str, input: str | None = None, output: str | None = None,
                     decode: DecodeConfig | None = None, nbest: int = 1, device: str = "cpu", int8: bool = False,
                     threads: int = 0, warn=None) -> str | None:
     """`atencion transcribe`: the text of each WAV file named in ``input`` (None: stdin), one
-    path a line (relative to the current directory), one line out per line in (a blank line in
-    gives a blank line out); with ``nbest`` above 1 the N best as 'LINE ||| TEXT ||| SCORE'.
-    Every file is read before any is decoded, so a bad one stops the command with nothing
-    written. Written atomically to ``output``; without one, the text is returned."""
+    path a line, relative to the folder of ``input`` (stdin: the current directory), as
+    `atencion classify` reads files; one line out per line in, or with ``nbest`` above 1 the N
+    best as 'LINE ||| TEXT ||| SCORE'. Every file is read before any is decoded, so an empty
+    line or a bad file stops the command, naming the line, with nothing written. Written
+    atomically to ``output``; without one, the text is returned."""
     decode = decode or DecodeConfig()
     if input:
         need_file(input, "--input")
@@ -207,12 +198,12 @@ def transcribe_file(model: str, input: str | None = None, output: str | None = N
     check_model(loaded, tokenizer, "transcribe")
     name = input or "stdin"
     lines = read_lines(input or getattr(sys.stdin, "buffer", sys.stdin), allow_empty=True, name=name, warn=warn)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    found = transcribe_paths(loaded, tokenizer, [Path(lines[i].strip()) for i in todo], decode, nbest,
-                             lambda j: f"{name} line {todo[j] + 1}")
-    results = [[Translation("", 0.0, [])] for _ in lines]
-    for i, hyps in zip(todo, found):
-        results[i] = hyps
+    empty = [i for i, line in enumerate(lines) if not line.strip()]
+    if empty:
+        raise AtencionError(f"{name} line {empty[0] + 1}: empty; expected the path of a WAV file to transcribe")
+    folder = Path(input).parent if input else Path()
+    results = transcribe_paths(loaded, tokenizer, [folder / line.strip() for line in lines], decode, nbest,
+                               lambda i: f"{name} line {i + 1}")
     text = format_translations(results, nbest)
     if output is None:
         return text

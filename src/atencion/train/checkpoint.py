@@ -62,15 +62,16 @@ def prepare_run_dir(out: Path, check_only: bool = False) -> list[str]:
     return removed
 
 
-def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer, optimizer=None,
+def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer | None, optimizer=None,
                     trainer_state: dict[str, Any] | None = None) -> None:
-    """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically.
-    Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
-    takes the checkpoint's place."""
+    """Write a checkpoint (or, without optimizer and state, a plain model directory) atomically;
+    a model without a vocabulary (a ViT) has no ``tokenizer``. Non-finite weights are refused by
+    ``model.save`` inside the temporary directory, so nothing takes the checkpoint's place."""
 
     def fill(tmp: Path) -> None:
         model.save(tmp)
-        tokenizer.save(tmp)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
         if optimizer is not None:
             (tmp / OPTIMIZER_FILE).write_bytes(save(_optimizer_tensors(optimizer)))  # a full disk: OSError
             rng = {"cpu": torch.get_rng_state()}

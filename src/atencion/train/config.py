@@ -46,6 +46,8 @@ class DataConfig:
     model_type: str = "bpe"             # "bpe" or "unigram"
     joint: bool = True                  # one vocabulary for source and target
     character_coverage: float = 1.0
+    shift: int = 0                      # classify on images: each training image moved by a random whole number of
+                                        # pixels in [-shift, shift] along each axis, zero-filled (augmentation)
 
 
 @dataclass
@@ -156,17 +158,20 @@ class TrainConfig:
         check_task_model(self, model_cfg, where)
         return model_cfg
 
+    def stand_in_values(self) -> dict[str, Any]:
+        """What the task's data will decide about the model (``Task.model_values``), stood in for
+        before the data is read: the task, and a classifier's two labels."""
+        return {"task": self.task, **({"num_labels": 2} if self.task == "classify" else {})}
+
     def model_inputs(self) -> dict[str, Any] | None:
-        """What the run's encoder will read, ``ModelConfig.inputs`` checked and completed (None:
-        tokens), known before the tokenizer and the model are, so that a task can read its
-        files (recordings, images) with the model's settings: train.init_from's, or the model
-        section's over its preset's."""
+        """What the model this run trains reads (``ModelConfig.inputs``; None: tokens), known
+        before its data: train.init_from's, or the model section's over its preset."""
         if self.train.init_from is not None:
             from ..fileio import need_dir
             from ..nn.model_dir import load_config as load_model_config
 
             return load_model_config(need_dir(self.train.init_from, "train.init_from")).inputs
-        return self.model_config(8, None).inputs  # a stand-in vocabulary: it does not change what the encoder reads
+        return self.model_config(self.data.vocab_size, None, self.stand_in_values()).inputs
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -326,7 +331,7 @@ RANGES = {
     "train.patience": (0, True), "train.keep_last": (1, True), "train.log_every": (1, True),
     "train.threads": (0, True), "train.lr_min": (0.0, True), "data.block_size": (1, True),
     "data.valid_fraction": (0.0, False), "data.mask_probability": (0.0, False), "decode.beam": (1, True),
-    "decode.alpha": (0.0, True),
+    "decode.alpha": (0.0, True), "data.shift": (0, True),
     "decode.max_len_a": (0.0, True), "decode.max_len_b": (0, True), "decode.batch_tokens": (1, True),
 }
 
@@ -366,6 +371,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if cfg.early_stop_metric not in ("loss", *TASKS[cfg.task].metrics):
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
                             f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
+    if d.shift and cfg.task != "classify":
+        raise AtencionError(f"{source}: data.shift moves the images a classifier trains on; task {cfg.task!r} "
+                            f"reads none: set data.shift: 0")
     if t.schedule == "cosine" and not t.max_steps:
         raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
                             f"set train.max_steps")
@@ -384,8 +392,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
-        task_values = {"task": cfg.task, **({"num_labels": 2} if cfg.task == "classify" else {})}
-        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, task_values)
+        built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, cfg.stand_in_values())
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)

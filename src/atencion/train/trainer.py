@@ -137,10 +137,10 @@ class Trainer:
         start = resolve_start(cfg, checkpoint, self.task)  # resume, train.init_from (checked) or fresh
         self.tokenizer = self._tokenizer(start)
         self.task.encode(self.tokenizer)
-        tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies, or init_from's shape
-        model_cfg = cfg.model_config(tok.src_vocab_size, None if tok.joint else tok.tgt_vocab_size,
-                                     self.task.model_values(), start=start.shape)
-        if not tok.foreign and (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
+        tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies (none: a ViT), or init_from's
+        model_cfg = cfg.model_config(*_vocabularies(tok), self.task.model_values(), start=start.shape)
+        if tok is not None and not tok.foreign and \
+                (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = build_model(model_cfg).to(self.device)
         new_head = self._copy_init_from(start)
@@ -176,8 +176,9 @@ class Trainer:
                 for line in clean_stale_temporaries(directory):
                     log.warning("%s (left by an interrupted process)", line)
 
-    def _tokenizer(self, start: Start) -> Tokenizer:
-        """The checkpoint's tokenizer, or init_from's or a new one saved with config.yaml in a new run directory."""
+    def _tokenizer(self, start: Start) -> Tokenizer | None:
+        """The checkpoint's tokenizer, or init_from's or a new one saved with config.yaml in a new run directory;
+        None for a model that reads no tokens (the task's ``tokens``: a ViT)."""
         if start.checkpoint is not None:
             return start.tokenizer
         if self.dist.main:
@@ -187,13 +188,14 @@ class Trainer:
                     log.warning("%s held a run that stopped before its first checkpoint; starting it over "
                                 "(removed %s)", self.out, ", ".join(restarted))
                 tokenizer = self.task.train_tokenizer() if start.tokenizer is None else start.tokenizer
-                tokenizer.save(self.out)
+                if tokenizer is not None:
+                    tokenizer.save(self.out)
                 atomic_write_text(self.out / "config.yaml", dump_config(self.cfg))
             except AtencionError as err:
                 raise AtencionError(f"{err}; no checkpoint was written; start over in the same directory: "
                                     f"{shlex.join(self.command)}") from None
         self.dist.barrier()
-        return Tokenizer.load(self.out)  # every process reads the one the main process wrote
+        return Tokenizer.load(self.out) if self.task.tokens else None  # every process reads the main one's
 
     def _copy_init_from(self, start: Start) -> list[str]:
         """Copy train.init_from's weights into the new model; returns the names of a new classification head."""
@@ -516,8 +518,9 @@ def _check_init_from(cfg: TrainConfig, task: Task, start: ModelConfig, tokenizer
     model section, its arch and positions against the task and the data: ``model_config``, which
     the run calls again to build it), and its tokenizer holds the symbols the task needs (mlm:
     <mask>). Every refusal names train.init_from and its path."""
-    cfg.model_config(tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size,
-                     task.model_values(), start=start)
+    cfg.model_config(*_vocabularies(tokenizer), task.model_values(), start=start)
+    if tokenizer is None:  # a model without a vocabulary: no symbol to need
+        return
     if tokenizer.foreign and cfg.task == "translate":
         raise AtencionError(f"train.init_from {cfg.train.init_from}: a Hugging Face translator (Marian) starts "
                             f"decoding from its own ids, which the translate task's batches do not use yet; "
@@ -529,6 +532,14 @@ def _check_init_from(cfg: TrainConfig, task: Task, start: ModelConfig, tokenizer
     if missing:
         raise AtencionError(f"train.init_from {cfg.train.init_from}: its tokenizer has no {missing[0]}, which task "
                             f"{cfg.task!r} needs; start from a model whose vocabulary has it")
+
+
+def _vocabularies(tokenizer: Tokenizer | None) -> tuple[int, int | None]:
+    """The vocabulary sizes a model is built over: the tokenizer's (source, and target unless
+    joint); none (0) without a tokenizer, for a model that reads no tokens."""
+    if tokenizer is None:
+        return 0, None
+    return tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size
 
 
 def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:

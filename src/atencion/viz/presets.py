@@ -28,7 +28,9 @@ def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:
              f"{'preset':<16}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'g':>4}{'dropout':>9}"
              f"{'vocab':>8}{'parameters':>13}  published"]
     for name in PRESETS:
-        if name in ("base", "big"):
+        if "vocab_size" in PRESETS[name]:  # a ViT's: none
+            size = PRESETS[name]["vocab_size"]
+        elif name in ("base", "big"):
             size = vocab
         elif name in PUBLISHED or name == "bert-tiny":
             size = PUBLISHED["bert-base" if name == "bert-tiny" else name][0]  # BERT-Tiny: BERT's WordPiece

@@ -1,0 +1,249 @@
+"""Images as data: scikit-learn's digits written as files with the fixed split, PNG and NPY files
+read as the model's inputs say, a ViT trained with task classify on label<TAB>path rows (no
+tokenizer), `atencion classify` and `atencion evaluate` on image paths, and bad input refused in
+one line naming the file, with nothing written."""
+
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from atencion.cli import main
+from atencion.data.images import read_image, shift_images
+from atencion.errors import AtencionError, MissingFileError
+
+
+def _png(path, array, mode):
+    from PIL import Image
+
+    Image.fromarray(array, mode=mode).save(path)
+    return path
+
+
+# scikit-learn's digits -------------------------------------------------------------------------
+
+
+def test_the_digits_are_written_with_scikit_learns_split_and_a_valid_part_of_the_first_half(tmp_path, capsys):
+    from sklearn.datasets import load_digits
+
+    assert main_digits([str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [report[s]["images"] for s in ("train", "valid", "test")] == [808, 90, 899]
+    digits = load_digits()
+    rows = {split: [line.split("\t") for line in (tmp_path / f"{split}.tsv").read_text().splitlines()]
+            for split in ("train", "valid", "test")}
+    order = [path for split in ("train", "valid", "test") for _, path in rows[split]]
+    assert order == [f"images/{i:04d}.npy" for i in range(1797)]  # first half, its last 90, then the second half
+    for split in rows:
+        for label, path in rows[split][::97]:
+            i = int(path[7:11])
+            assert int(label) == digits.target[i]
+            image = np.load(tmp_path / path, allow_pickle=False)
+            assert image.dtype == np.float32 and image.shape == (8, 8)
+            np.testing.assert_array_equal(image, digits.images[i] / 16.0)
+    assert main_digits([str(tmp_path)]) == 2  # nothing overwritten without --force
+    assert "train.tsv: exists; nothing was overwritten" in capsys.readouterr().err
+
+
+def main_digits(argv):
+    from atencion.data.digits import main as digits
+
+    return digits(argv)
+
+
+# reading an image ----------------------------------------------------------------------------------
+
+
+def test_a_png_is_read_as_pixels_over_255_in_the_models_channels(tmp_path):
+    grey = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
+    image = read_image(_png(tmp_path / "g.png", grey, "L"), 1, [3, 4])
+    assert image.shape == (1, 3, 4) and image.dtype == torch.float32
+    torch.testing.assert_close(image[0], torch.from_numpy(grey / 255.0).float())
+    rgb = np.stack([grey, 255 - grey, grey // 2], axis=-1)
+    image = read_image(_png(tmp_path / "c.png", rgb, "RGB"), 3, [3, 4])
+    torch.testing.assert_close(image, torch.from_numpy(rgb.transpose(2, 0, 1) / 255.0).float())
+    from PIL import Image
+
+    expected = np.asarray(Image.fromarray(rgb, mode="RGB").convert("L"), dtype=np.float32) / 255.0
+    torch.testing.assert_close(read_image(tmp_path / "c.png", 1, [3, 4])[0], torch.from_numpy(expected))
+
+
+def test_an_npy_array_is_taken_as_it_is(tmp_path):
+    array = np.random.default_rng(0).random((2, 3, 4)).astype(np.float64)
+    np.save(tmp_path / "a.npy", array)
+    torch.testing.assert_close(read_image(tmp_path / "a.npy", 2, [3, 4]), torch.from_numpy(array).float())
+    np.save(tmp_path / "b.npy", array[0])
+    assert read_image(tmp_path / "b.npy", 1, [3, 4]).shape == (1, 3, 4)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_bytes(b""), "empty file; expected a PNG or NPY image"),
+    (lambda p: p.write_text("not an image\n"), "not a PNG or NPY image"),
+    (lambda p: _png(p, np.zeros((5, 4), np.uint8), "L"), r"an image of 5 × 4 pixels .height × width.; this model "
+                                                           r"reads 3 × 4 \(model.inputs.size\)"),
+])
+def test_a_bad_picture_is_refused_naming_the_file(tmp_path, make, message):
+    path = tmp_path / "x.png"
+    make(path)
+    with pytest.raises(AtencionError, match=f"{path}: {message}"):
+        read_image(path, 1, [3, 4])
+    with pytest.raises(MissingFileError, match=f"{tmp_path / 'none.png'}: image not found"):
+        read_image(tmp_path / "none.png", 1, [3, 4])
+
+
+def test_a_bad_array_is_refused_without_unpickling_it(tmp_path):
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(AtencionError, match="objects.npy: not a readable NPY array"):
+        read_image(tmp_path / "objects.npy", 1, [3, 4])
+    np.save(tmp_path / "nan.npy", np.full((3, 4), np.nan))
+    with pytest.raises(AtencionError, match="nan.npy: holds non-finite values"):
+        read_image(tmp_path / "nan.npy", 1, [3, 4])
+    np.save(tmp_path / "rgb.npy", np.zeros((3, 3, 4)))
+    with pytest.raises(AtencionError, match=r"rgb.npy: an array of shape \(3, 3, 4\); this model reads \(height, "
+                                            r"width\) or \(1, height, width\)"):
+        read_image(tmp_path / "rgb.npy", 1, [3, 4])
+
+
+def test_a_shift_moves_each_image_by_whole_pixels_and_fills_zeros():
+    images = torch.arange(2 * 1 * 5 * 6, dtype=torch.float32).reshape(2, 1, 5, 6) + 1
+    assert torch.equal(shift_images(images, 0, torch.Generator()), images)
+    moved = shift_images(images, 2, torch.Generator().manual_seed(3))
+    assert torch.equal(moved, shift_images(images, 2, torch.Generator().manual_seed(3)))  # the seed decides
+    for original, out in zip(images, moved):
+        found = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                 if torch.equal(out, _moved(original, dy, dx))]
+        assert len(found) == 1
+
+
+def _moved(image, dy, dx):
+    out = torch.zeros_like(image)
+    h, w = image.shape[-2:]
+    out[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+        image[..., max(-dy, 0):h - max(dy, 0), max(-dx, 0):w - max(dx, 0)]
+    return out
+
+
+# a ViT trained on image files ----------------------------------------------------------------------
+
+
+def _stripes(folder, n):
+    """label<TAB>path rows of 4 × 4 NPY images: horizontal stripes (label h) or vertical (label v)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    rng = np.random.default_rng(len(str(folder)))
+    for i in range(n):
+        label = "hv"[i % 2]
+        image = np.zeros((4, 4), np.float32)
+        line = rng.integers(4)
+        (image.__setitem__((line, slice(None)), 1.0) if label == "h" else image.__setitem__((slice(None), line), 1.0))
+        np.save(folder / f"{i}.npy", image + 0.05 * rng.standard_normal((4, 4)).astype(np.float32))
+        rows.append(f"{label}\t{folder.name}/{i}.npy\n")
+    return rows
+
+
+VIT = ["model.preset=vit-tiny", "model.inputs.kind=patches", "model.inputs.patch=2", "model.inputs.size=[4, 4]",
+       "model.inputs.channels=1", "model.max_positions=5", "model.n_layers=1", "model.d_model=16", "model.d_ff=32",
+       "model.n_heads=2", "train.max_tokens=80", "train.lr_peak=3e-3", "train.warmup=10", "train.optimizer=adamw",
+       "train.progress=false", "train.tensorboard=false", "train.keep_last=1", "data.header=no"]
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory):
+    from atencion.train.config import load_config
+    from atencion.train.trainer import train
+
+    tmp = tmp_path_factory.mktemp("vit")
+    (tmp / "train.tsv").write_text("".join(_stripes(tmp / "train", 64)))
+    (tmp / "valid.tsv").write_text("".join(_stripes(tmp / "valid", 16)))
+    (tmp / "c.yaml").write_text("task: classify\n")
+    cfg = load_config(tmp / "c.yaml", [*VIT, f"data.train_tsv={tmp / 'train.tsv'}",
+                                       f"data.valid_tsv={tmp / 'valid.tsv'}", "data.shift=1",
+                                       "train.max_steps=60", "train.max_epochs=100",
+                                       "train.valid_every=30"])
+    summary = train(cfg, tmp / "run")
+    return tmp, summary
+
+
+def test_a_vit_trains_on_image_files_and_its_directory_holds_no_tokenizer(vit_dir):
+    from atencion.nn.model_dir import load_model_dir
+
+    tmp, summary = vit_dir
+    best = tmp / "run" / "best"
+    assert sorted(p.name for p in best.iterdir()) == ["config.json", "model.safetensors"]
+    from atencion.data.tokenizer import INFO_FILE
+
+    assert not (tmp / "run" / INFO_FILE).exists() and not list((tmp / "run").glob("*.model"))
+    model, tokenizer = load_model_dir(best)
+    assert tokenizer is None and model.cfg.task == "classify" and model.cfg.labels == ["h", "v"]
+    assert model.cfg.vocab_size == 0 and model.cfg.inputs["size"] == [4, 4]
+    assert json.loads((tmp / "run" / "log.jsonl").read_text().splitlines()[-2])["valid_accuracy"] >= 0.9
+
+
+def test_classify_labels_image_paths_and_evaluate_scores_a_tsv_of_them(vit_dir, tmp_path, monkeypatch, capsys):
+    tmp, _ = vit_dir
+    best = str(tmp / "run" / "best")
+    listing = tmp / "list.txt"
+    listing.write_text("valid/0.npy\nvalid/1.npy\n")  # relative to the list's folder
+    assert main(["classify", "--model", best, "--input", str(listing)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in out] == ["h", "v"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{tmp / 'valid' / '0.npy'}\n"))  # stdin: the current directory
+    assert main(["classify", "--model", best, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["label"] == "h" and set(answer["probabilities"]) == {"h", "v"}
+    assert main(["evaluate", "--model", best, "--tsv", str(tmp / "valid.tsv")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["task"] == "classify" and result["examples"] == 16 and result["accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: (d / "x.npy").write_bytes(b""), "x.npy: empty file"),
+    (lambda d: (d / "x.npy").write_text("hello"), "x.npy: not a readable NPY array"),
+    (lambda d: np.save(d / "x.npy", np.zeros((5, 5))), r"x.npy: an image of 5 × 5 pixels"),
+    (lambda d: None, "x.npy: image not found"),
+])
+def test_a_bad_image_is_one_line_naming_the_file_and_line_with_nothing_written(vit_dir, tmp_path, capsys, make,
+                                                                              message):
+    tmp, _ = vit_dir
+    best = str(tmp / "run" / "best")
+    make(tmp_path)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{tmp / 'valid' / '0.npy'}\nx.npy\n")
+    assert main(["classify", "--model", best, "--input", str(listing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"{listing} line 2: {tmp_path / 'x.npy'}" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err
+    assert pytest.importorskip("re").search(message, captured.err)
+    (tmp_path / "test.tsv").write_text(f"h\t{tmp / 'valid' / '0.npy'}\nv\tx.npy\n")
+    assert main(["evaluate", "--model", best, "--tsv", str(tmp_path / "test.tsv")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"--tsv {tmp_path / 'test.tsv'} line 2: {tmp_path / 'x.npy'}" in captured.err
+
+
+def test_an_empty_line_of_paths_is_refused(vit_dir, tmp_path, capsys):
+    tmp, _ = vit_dir
+    (tmp_path / "list.txt").write_text(f"{tmp / 'valid' / '0.npy'}\n\n")
+    assert main(["classify", "--model", str(tmp / "run" / "best"), "--input", str(tmp_path / "list.txt")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "list.txt line 2: empty; expected the path of a file to classify" in captured.err
+
+
+def test_training_refuses_a_bad_image_before_writing_anything(vit_dir, tmp_path):
+    from atencion.train.config import load_config
+    from atencion.train.trainer import train
+
+    tmp, _ = vit_dir
+    (tmp_path / "train.tsv").write_text(f"h\t{tmp / 'valid' / '0.npy'}\nv\tmissing.npy\n")
+    (tmp_path / "c.yaml").write_text("task: classify\n")
+    cfg = load_config(tmp_path / "c.yaml", [*VIT, f"data.train_tsv={tmp_path / 'train.tsv'}"])
+    with pytest.raises(MissingFileError, match=f"{tmp_path / 'train.tsv'} line 2: {tmp_path / 'missing.npy'}: "
+                                               f"image not found"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    text = load_config(tmp_path / "c.yaml", [f"data.train_tsv={tmp_path / 'train.tsv'}", "data.shift=1"])
+    with pytest.raises(AtencionError, match="data.shift moves images; this model reads tokens"):
+        train(text, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
