@@ -222,7 +222,8 @@ def _tone(hz: float, rate: int, seconds: float, rng: np.random.Generator, channe
 @pytest.fixture(scope="module")
 def tones(tmp_path_factory) -> Path:
     """Three 'words', each a tone (low, middle, high), recorded at 8, 16 and 22.05 kHz (the last in
-    stereo), 0.2-0.5 s long; train_text.tsv and valid_text.tsv list them as text<TAB>wav/NAME.wav."""
+    stereo), 0.2-0.5 s long; train_text.tsv and valid_text.tsv list them as text<TAB>wav/NAME.wav,
+    train.tsv and valid.tsv the same rows as label<TAB>path."""
     root = tmp_path_factory.mktemp("tones")
     (root / "wav").mkdir()
     rng = np.random.default_rng(0)
@@ -235,6 +236,7 @@ def tones(tmp_path_factory) -> Path:
                 (root / name).write_bytes(_tone(hz, rate, rng.uniform(0.2, 0.5), rng, channels))
                 rows.append(f"{word}\t{name}\n")
         (root / f"{split}_text.tsv").write_text("".join(rows), encoding="utf-8")
+        (root / f"{split}.tsv").write_text("".join(rows), encoding="utf-8")  # label<TAB>path: the word as the label
     return root
 
 
@@ -338,3 +340,34 @@ def test_a_speech_model_is_not_a_translator_and_transcribe_needs_recordings(spee
     assert status == 2 and "translate needs a translator" in err and "use transcribe" in err
     with pytest.raises(AtencionError, match="model.inputs: task 'transcribe' reads recordings"):
         train(_config(tones, "model.inputs=tokens", "model.preset=tiny"), tmp_path / "run")
+
+
+# spoken-word classification -------------------------------------------------------------------------
+
+
+def test_a_classifier_of_recordings_trains_from_wav_files_and_labels_wav_paths(tones, tmp_path, capsys):
+    cfg = load_config(None, ["task=classify", f"data.train_tsv={tones / 'train.tsv'}",
+                             f"data.valid_tsv={tones / 'valid.tsv'}", "model.preset=whisper-tiny", "model.arch=encoder",
+                             "model.pooling=mean", *[s for s in SPEECH if not s.startswith(("data.", "decode."))],
+                             "train.max_steps=60"])
+    summary = train(cfg, tmp_path / "run")
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    best = summary["best_model"]
+    config = json.loads((Path(best) / "config.json").read_text())
+    assert (config["arch"], config["vocab_size"], config["labels"]) == ("encoder", 0, ["high", "low", "middle"])
+    status, out, err = run(["evaluate", "--model", best, "--tsv", str(tones / "valid.tsv")], capsys)
+    assert status == 0, err
+    assert json.loads(out)["accuracy"] > 0.9
+    rows = [line.split("\t") for line in (tones / "valid.tsv").read_text().splitlines()]
+    paths = tmp_path / "paths.txt"
+    paths.write_text("".join(f"{tones / wav}\n" for _, wav in rows))
+    status, out, err = run(["classify", "--model", best, "--input", str(paths)], capsys)
+    assert status == 0, err
+    labels = [line.split("\t")[0] for line in out.splitlines()]
+    assert len(labels) == len(rows) and sum(a == b for a, (b, _) in zip(labels, rows)) >= 0.9 * len(rows)
+    paths.write_text(f"{tones / rows[0][1]}\n{tmp_path / 'missing.wav'}\n")
+    status, out, err = run(["classify", "--model", best, "--input", str(paths)], capsys)
+    missing = tmp_path / "missing.wav"
+    assert status == 2 and out == "" and err == f"atencion classify: error: {paths} line 2: {missing}: file not found\n"

@@ -137,8 +137,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model from a YAML config (see configs/reference.yaml): its task: is translate (an
-    encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking) or
-    classify (a label per sentence, label<TAB>text)."""
+    encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking),
+    classify (a label per sentence, label<TAB>text, or per file, label<TAB>path) or transcribe
+    (speech to text, text<TAB>path.wav)."""
     from .train.trainer import train_file
 
     print(json.dumps(train_file(args.config, args.out, args.set or [], args.resume)))
@@ -528,7 +529,8 @@ def cmd_merge_lora(args: argparse.Namespace) -> None:
 COMMANDS = [
     ("presets", "run a tiny model on an example batch; list preset sizes", add_presets_arguments, cmd_presets),
     ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
-    ("train", "train a model: a translator, a GPT, a BERT or a classifier", add_train_arguments, cmd_train),
+    ("train", "train a model: a translator, a GPT, a BERT, a classifier or a speech-to-text model",
+     add_train_arguments, cmd_train),
     ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
     ("transcribe", "write the text of WAV files with a speech-to-text model", add_transcribe_arguments,
      cmd_transcribe),
