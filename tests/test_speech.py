@@ -371,3 +371,12 @@ def test_a_classifier_of_recordings_trains_from_wav_files_and_labels_wav_paths(t
     status, out, err = run(["classify", "--model", best, "--input", str(paths)], capsys)
     missing = tmp_path / "missing.wav"
     assert status == 2 and out == "" and err == f"atencion classify: error: {paths} line 2: {missing}: file not found\n"
+
+
+def test_learned_positions_must_hold_the_longest_recording_and_the_longest_text(tones):
+    _config(tones, "model.positional=learned", "model.max_positions=50", "data.max_len=49")
+    with pytest.raises(AtencionError, match=r"data.max_len gives sequences of up to 61 tokens but the model's "
+                                            r"learned positions stop at model.max_positions=50"):
+        _config(tones, "model.positional=learned", "model.max_positions=50", "data.max_len=60")
+    with pytest.raises(AtencionError, match=r"max_positions \(49\) must be at least 50: inputs.max_frames 100"):
+        _config(tones, "model.positional=learned", "model.max_positions=49", "data.max_len=8")

@@ -406,10 +406,11 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
     limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
-    if limit is None or not input_kind(model).tokens:  # another kind's length: its settings (checked in ModelConfig)
+    # an encoder of another kind: its length is its settings' (checked in ModelConfig); a decoder still writes tokens
+    if limit is None or not (input_kind(model).tokens or model.arch in TWO_STACKS):
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
-                    else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
+                    else (cfg.data.max_len + (1 if cfg.task in ("translate", "transcribe") else 2), "data.max_len"))
     if longest > limit:
         raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
                             f"positions stop at model.max_positions={limit}")
