@@ -1,4 +1,4 @@
-"""Task ``transcribe``: speech to text, as Whisper frames it (Radford et al. 2022, §2.3): an
+"""Task ``transcribe``: speech to text, as Whisper frames it (Radford et al. 2022, §2.2): an
 encoder-decoder whose encoder reads a recording's log-mel frames (``model.inputs: spectrogram``,
 nn/inputs.py) and whose decoder writes its text, trained as the translator is (teacher forcing,
 label-smoothed cross-entropy, §5; tasks/translate.py's ``seq2seq_loss``) on ``text<TAB>path.wav``
@@ -38,20 +38,20 @@ log = logging.getLogger(__name__)
 # reading recordings ---------------------------------------------------------------------------
 
 
-def read_file_rows(path: str | Path, column: str = "text") -> list[tuple[str, Path, int]]:
-    """The rows of a ``column<TAB>path`` TSV file (``text<TAB>path.wav``): each row's first
-    column, its file (a path relative to the TSV's folder, or absolute) and its line number. A
-    line without a tab, an empty first column or an empty path is refused, naming the line."""
+def read_text_rows(path: str | Path) -> list[tuple[str, Path, int]]:
+    """The rows of a ``text<TAB>path.wav`` TSV file: each row's text, its file (a path relative to
+    the TSV's folder, or absolute) and its line number. A line without a tab, an empty text or an
+    empty path is refused, naming the line."""
     rows = []
     for number, line in enumerate(read_lines(path), start=1):
-        value, sep, name = line.partition("\t")
+        text, sep, name = line.partition("\t")
         if not sep:
-            raise CorpusError(f"{path} line {number}: expected {column}<TAB>path, found no tab")
-        value, name = value.strip(), name.strip()
-        if not value or not name:
-            raise CorpusError(f"{path} line {number}: the {column if not value else 'path'} is empty; expected "
-                              f"{column}<TAB>path")
-        rows.append((value, Path(path).parent / name, number))
+            raise CorpusError(f"{path} line {number}: expected text<TAB>path, found no tab")
+        text, name = text.strip(), name.strip()
+        if not text or not name:
+            raise CorpusError(f"{path} line {number}: the {'path' if text else 'text'} is empty; expected "
+                              f"text<TAB>path")
+        rows.append((text, Path(path).parent / name, number))
     return rows
 
 
@@ -74,7 +74,7 @@ class TranscribeTask(Task):
         self.valid_rows = self._read(d.valid_tsv) if d.valid_tsv else None
 
     def _read(self, tsv: str) -> list[tuple[str, Tensor]]:
-        rows = read_file_rows(tsv)
+        rows = read_text_rows(tsv)
         features = read_inputs(self.inputs, [p for _, p, _ in rows], lambda i: f"{tsv} line {rows[i][2]}")
         log.info("%s: %d recordings", tsv, len(rows))
         return [(text, x) for (text, _, _), x in zip(rows, features)]
@@ -217,7 +217,7 @@ def evaluate_transcriber(model: str, options: dict[str, Any], warn=None) -> dict
     decode = options.get("decode") or DecodeConfig()
 
     def score_file(loaded, tokenizer: Tokenizer, path: str) -> dict:
-        rows = read_file_rows(path)
+        rows = read_text_rows(path)
         out = transcribe_paths(loaded, tokenizer, [p for _, p, _ in rows], decode,
                                where=lambda i: f"--tsv {path} line {rows[i][2]}")
         return {**transcript_scores([o[0].text for o in out], [text for text, _, _ in rows]),
