@@ -138,12 +138,13 @@ def test_what_vit_cannot_express_is_refused_naming_the_key(values, key):
         to_hf(vit(**values))
 
 
-def test_a_hugging_face_vit_directory_loads_as_an_atencion_model(tmp_path):
-    from atencion.nn.model_dir import load_model
+def test_a_hugging_face_vit_directory_loads_as_an_atencion_model_without_a_tokenizer(tmp_path):
+    from atencion.nn.model_dir import load_model_dir
 
     hf_model = _hf_vit()
     hf_model.save_pretrained(tmp_path)
-    model = load_model(tmp_path)
+    model, tokenizer = load_model_dir(tmp_path)
+    assert tokenizer is None and model.cfg.inputs == PATCHES
     images = torch.randn(2, 3, 4, 6)
     with torch.no_grad():
         torch.testing.assert_close(model.classify(images), hf_model(pixel_values=images).logits, rtol=0, atol=1e-5)
@@ -161,3 +162,14 @@ def test_the_vit_presets_count_the_parameters_of_hugging_faces_vit(name):
     assert ours == theirs
     backbone = ours - 1000 * (cfg.d_model + 1)
     assert f"{backbone / 1e6:.1f}M" == {"vit-base": "85.8M", "vit-tiny": "5.5M"}[name]
+
+
+def test_the_digits_recipe_builds_a_vit_of_16_patches_and_cls():
+    from atencion.train.config import load_config
+
+    cfg = load_config("configs/digits_vit.yaml")
+    built = cfg.model_config(0, None, {"task": "classify", "num_labels": 10})
+    assert built.inputs == {"kind": "patches", "patch": 2, "size": [8, 8], "channels": 1}
+    assert (built.arch, built.norm_first, built.positional, built.max_positions, built.vocab_size) == \
+        ("encoder", True, "learned", 17, 0)
+    assert Transformer(built).classify(torch.rand(3, 1, 8, 8)).shape == (3, 10)
