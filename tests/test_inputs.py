@@ -49,7 +49,7 @@ def test_patches_settings_are_completed_with_the_defaults_in_the_config():
 
 
 @pytest.mark.parametrize("inputs, message", [
-    ({"kind": "pixels"}, r"inputs.kind must be one of \['tokens', 'patches'\], got 'pixels'"),
+    ({"kind": "pixels"}, r"inputs.kind must be one of \['tokens', 'patches', 'spectrogram'\], got 'pixels'"),
     (7, "inputs must be a mapping such as"),
     ("patches", "inputs.patch is missing"),
     ({**PATCHES, "stride": 2}, "inputs.stride is not a setting of inputs kind 'patches'"),

@@ -54,8 +54,9 @@ def _warn(command: str):
 
 # decoding options, shared by translate and evaluate -----------------------------------------------
 
-def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of translate and evaluate that make a DecodeConfig (and the model to decode with)."""
+def add_decoding_arguments(p: argparse.ArgumentParser, text: bool = True) -> None:
+    """The options of translate, transcribe and evaluate that make a DecodeConfig (and the model to
+    decode with); ``text``: sources are text (--max-input-tokens; transcribe's are recordings)."""
     p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer): "
                                                    "atencion's or a Hugging Face one")
     p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
@@ -64,10 +65,12 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-a", type=NON_NEGATIVE, default=1.0,
                    help="output length ≤ a·source length + b (default a: 1)")
     p.add_argument("--max-len-b", type=COUNT, default=50, help="(default b: 50, the paper's input length + 50)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="source tokens per batch (default: 4096)")
-    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
-                   help="a line of more subword pieces is refused before decoding starts (default: 1024; "
-                        "attention's memory grows with the square of the length)")
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
+                   help="source tokens (a recording's log-mel frames) per batch (default: 4096)")
+    if text:
+        p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
+                       help="a line of more subword pieces is refused before decoding starts (default: 1024; "
+                            "attention's memory grows with the square of the length)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     p.add_argument("--int8", action="store_true",
                    help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
@@ -134,8 +137,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model from a YAML config (see configs/reference.yaml): its task: is translate (an
-    encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking) or
-    classify (a label per sentence, label<TAB>text)."""
+    encoder-decoder on parallel text), lm (a GPT on plain text), mlm (a BERT by masking),
+    classify (a label per sentence, label<TAB>text, or per file, label<TAB>path) or transcribe
+    (speech to text, text<TAB>path.wav)."""
     from .train.trainer import train_file
 
     print(json.dumps(train_file(args.config, args.out, args.set or [], args.resume)))
@@ -156,6 +160,30 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     text = translate_file(args.model, args.input, args.output, decode_config_of(args), args.nbest,
                           args.max_input_tokens, args.device, args.int8, args.threads, warn=_warn("translate"))
+    if text is not None:
+        sys.stdout.write(text)
+
+
+def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
+    add_decoding_arguments(p, text=False)
+    p.add_argument("--input", help="WAV files, one path a line, relative to this file's folder (default: stdin, "
+                                   "paths relative to the current directory)")
+    p.add_argument("--output", help="output file (default: stdout); written atomically")
+    p.add_argument("--nbest", type=POSITIVE, default=1,
+                   help="print the N best transcripts as 'LINE ||| TEXT ||| SCORE' (default: 1)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
+
+
+def cmd_transcribe(args: argparse.Namespace) -> None:
+    """Write the text of each WAV file named on --input (default stdin), one path a line, one line
+    out per line in, with a speech-to-text model (task transcribe). A WAV file is PCM (8, 16, 24 or
+    32 bits, mono or more channels, averaged), at any rate: it is resampled to 16 kHz. Every file is
+    read before any is decoded: an empty line, or a missing, empty, corrupt or non-WAV file, stops
+    the command, naming its line and the file, with nothing written."""
+    from .tasks.transcribe import transcribe_file
+
+    text = transcribe_file(args.model, args.input, args.output, decode_config_of(args), args.nbest, args.device,
+                           args.int8, args.threads, warn=_warn("transcribe"))
     if text is not None:
         sys.stdout.write(text)
 
@@ -269,7 +297,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="language model: tokens per block, each block read on its own (default: the model's "
                         "max_positions)")
     p.add_argument("--tsv", help="classifier: label<TAB>text rows (a first line whose label is no label of the "
-                                 "model is a header, as in training)")
+                                 "model is a header, as in training); speech-to-text model: text<TAB>path.wav rows "
+                                 "(paths relative to the TSV's folder)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -286,6 +315,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     test text's counts).
     A classifier (task classify) reads --tsv: accuracy, loss and the confusion matrix (rows: true
     label, columns: predicted, in the order of "labels").
+    A speech-to-text model (task transcribe) reads --tsv, text<TAB>path.wav rows: it transcribes
+    the recordings (--beam, --alpha, ... as for a translator) and gives exact_match, bleu, bleu_tok
+    and chrf against the texts.
     An option for another kind of model is refused."""
     from .tasks import evaluate
 
@@ -512,8 +544,11 @@ def cmd_merge_lora(args: argparse.Namespace) -> None:
 COMMANDS = [
     ("presets", "run a tiny model on an example batch; list preset sizes", add_presets_arguments, cmd_presets),
     ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
-    ("train", "train a model: a translator, a GPT, a BERT or a classifier", add_train_arguments, cmd_train),
+    ("train", "train a model: a translator, a GPT, a BERT, a classifier or a speech-to-text model",
+     add_train_arguments, cmd_train),
     ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
+    ("transcribe", "write the text of WAV files with a speech-to-text model", add_transcribe_arguments,
+     cmd_transcribe),
     ("generate", "continue a prompt with a language model (GPT), streamed", add_generate_arguments, cmd_generate),
     ("fill-mask", "predict the tokens at <mask> with a masked language model (BERT)", add_fill_mask_arguments,
      cmd_fill_mask),

@@ -196,7 +196,7 @@ class ModelConfig:
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named configuration: ``base`` and ``big`` (Table 3), ``tiny`` (Transformer-Tiny),
         ``bert-base``, ``bert-tiny``, ``gpt2``, ``gpt-tiny``, ``t5-small``, ``t5-tiny``, ``llama-tiny``,
-        ``smollm-135m``, ``tinyllama-1.1b``, ``mistral-7b``, ``vit-base``, ``vit-tiny``."""
+        ``smollm-135m``, ``tinyllama-1.1b``, ``mistral-7b``, ``vit-base``, ``vit-tiny``, ``whisper-tiny``."""
         if not isinstance(name, str) or name not in PRESETS:
             raise AtencionError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides}, source=None)
@@ -276,6 +276,11 @@ _T5 = dict(positional="t5", norm="rmsnorm", norm_first=True, bias=False, scale_a
 _VIT = dict(arch="encoder", vocab_size=0, activation="gelu", positional="learned", max_positions=197, norm_first=True,
             layer_norm_eps=1e-12, scale_embedding=False, dropout=0.0,
             inputs={"kind": "patches", "patch": 16, "size": [224, 224], "channels": 3})
+# Whisper (Radford et al. 2022, §2.2, Table 1): pre-LN blocks with GELU, an encoder of log-mel frames and a text
+# decoder with tied output; sinusoidal positions in both stacks here (Whisper's decoder learns its own).
+_WHISPER = dict(arch="encoder-decoder", vocab_size=0, activation="gelu", norm_first=True, positional="sinusoidal",
+                scale_embedding=False, share_embeddings=False, dropout=0.0, max_positions=1500,
+                inputs={"kind": "spectrogram", "n_mels": 80, "max_frames": 3000})
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
     "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1),
@@ -305,11 +310,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ViT (Dosovitskiy et al. 2021): ViT-B/16 at 224 × 224 (86M); ViT-Ti/16 (DeiT-Ti, Touvron et al. 2021: 5.7M).
     "vit-base": dict(_VIT, n_layers=12, d_model=768, d_ff=3072, n_heads=12),
     "vit-tiny": dict(_VIT, n_layers=12, d_model=192, d_ff=768, n_heads=3),
+    # Whisper tiny (39M with its 51,865-token vocabulary; 30 s of audio, 3,000 frames, 1,500 encoder positions).
+    "whisper-tiny": dict(_WHISPER, n_layers=4, d_model=384, d_ff=1536, n_heads=6),
 }
+# vocabulary and the parameter count their papers give
 PUBLISHED = {"base": (37000, "65M"), "big": (37000, "213M"), "bert-base": (30522, "110M"), "gpt2": (50257, "124M"),
              "t5-small": (32128, "60M"), "smollm-135m": (49152, "135M"), "tinyllama-1.1b": (32000, "1.1B"),
-             "mistral-7b": (32000, "7.2B"),
-             "vit-base": (0, "86M")}  # vocabulary and the parameter count their papers give
+             "mistral-7b": (32000, "7.2B"), "vit-base": (0, "86M"), "whisper-tiny": (51865, "39M")}
 
 
 # RoPE scaling (``rope_scaling``): each type and the keys it needs, as Hugging Face's Llama family writes them

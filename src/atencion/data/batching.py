@@ -27,15 +27,22 @@ class Batch:
 
 def collate(examples: list[Example], pad_id: int, bos_id: int, eos_id: int) -> Batch:
     src_len = max(len(s) for s, _ in examples) + 1
-    tgt_len = max(len(t) for _, t in examples) + 1
     src = torch.full((len(examples), src_len), pad_id, dtype=torch.long)
-    tgt_in = torch.full((len(examples), tgt_len), pad_id, dtype=torch.long)
-    tgt_out = torch.full((len(examples), tgt_len), pad_id, dtype=torch.long)
-    for row, (s, t) in enumerate(examples):
+    for row, (s, _) in enumerate(examples):
         src[row, : len(s) + 1] = torch.tensor(s + [eos_id])
+    return Batch(src, *shift_targets([t for _, t in examples], pad_id, bos_id, eos_id))
+
+
+def shift_targets(targets: list[list[int]], pad_id: int, bos_id: int, eos_id: int) -> tuple[Tensor, Tensor, int]:
+    """Teacher forcing's two views of each target (ids without BOS/EOS), right-padded: BOS + ids
+    (the decoder's input) and ids + EOS (what it predicts), and the number of tokens predicted."""
+    tgt_len = max(len(t) for t in targets) + 1
+    tgt_in = torch.full((len(targets), tgt_len), pad_id, dtype=torch.long)
+    tgt_out = torch.full((len(targets), tgt_len), pad_id, dtype=torch.long)
+    for row, t in enumerate(targets):
         tgt_in[row, : len(t) + 1] = torch.tensor([bos_id] + t)
         tgt_out[row, : len(t) + 1] = torch.tensor(t + [eos_id])
-    return Batch(src, tgt_in, tgt_out, sum(len(t) + 1 for _, t in examples))
+    return tgt_in, tgt_out, sum(len(t) + 1 for t in targets)
 
 
 def token_batches(lengths: list[tuple[int, int]], max_tokens: int, seed: int | None) -> list[list[int]]:

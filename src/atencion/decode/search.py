@@ -67,11 +67,22 @@ def _check_eval(model) -> None:
                          "call model.eval() first")
 
 
-def _max_lengths(model, src_ids: Tensor, a: float, b: float) -> list[int]:
-    """Per sentence, int(a * real source length + b): the most tokens it may generate."""
+def _encode(model, src_ids: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The encoder's output and source mask; ``lengths`` for a source of another input kind
+    (log-mel frames of different lengths, nn/inputs.py)."""
+    return model.encode(src_ids) if lengths is None else model.encode(src_ids, lengths=lengths)
+
+
+def _max_lengths(memory: Tensor, src_mask: Tensor | None, a: float, b: float) -> list[int]:
+    """Per sentence, int(a * real source length + b): the most tokens it may generate. The real
+    length is the number of source positions the mask lets through (the tokens that are not
+    padding; for log-mel frames, the encoder's positions), all of them without a mask."""
     if not (a >= 0 and b >= 0):
         raise AtencionError(f"max_len_a and max_len_b must be >= 0, got {a!r} and {b!r}")
-    real = (src_ids != model.cfg.pad_id).sum(dim=1).tolist()
+    if src_mask is None:
+        real = [memory.size(1)] * memory.size(0)
+    else:
+        real = src_mask.reshape(memory.size(0), -1).sum(dim=1).tolist()
     lengths = [int(a * n + b) for n in real]
     if min(lengths) < 1:
         raise AtencionError(f"max_len_a * source length + max_len_b must allow at least one token, "
@@ -122,17 +133,19 @@ def topk_rows(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
 # greedy ----------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def greedy_search(model, src_ids: Tensor, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[int]]:
+def greedy_search(model, src_ids: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
+                  lengths: Tensor | None = None) -> list[list[int]]:
     """Batched greedy decoding: at each step take the most probable token (never PAD or BOS).
 
     Output i (without BOS and EOS) has at most ``int(max_len_a * src_len_i + max_len_b)``
     tokens, src_len_i counting the real tokens of row i; the defaults give the paper's
     "input length + 50". A sentence leaves the batch as soon as it emits EOS or reaches its
-    maximum length. The model must be in eval mode.
+    maximum length. ``lengths``: each source's length, for a source that is not token ids
+    (log-mel frames). The model must be in eval mode.
     """
     _check_eval(model)
-    memory, src_mask = model.encode(src_ids)
-    max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
+    memory, src_mask = _encode(model, src_ids, lengths)
+    max_lens = _max_lengths(memory, src_mask, max_len_a, max_len_b)
     eos = model.cfg.eos_id
     state = model.init_state(memory, src_mask)
     outputs: list[list[int]] = [[] for _ in max_lens]
@@ -171,7 +184,8 @@ def _add_finished(kept: list[Hypothesis], tokens: list[int], log_prob: float, le
 @torch.no_grad()
 def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1,
-                _drop_finished: bool = True, _early_stop: bool = True) -> list[list[Hypothesis]]:
+                _drop_finished: bool = True, _early_stop: bool = True,
+                lengths: Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search with the length penalty of Wu et al. (2016); returns, per sentence,
     up to ``nbest`` finished hypotheses, best score first.
 
@@ -190,7 +204,8 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
       searches on to the maximum length instead (exhaustive when the beam holds every prefix).
 
     Done sentences leave the batch (their rows are dropped from the caches). With
-    ``beam_size=1`` this is exactly :func:`greedy_search`, whatever α.
+    ``beam_size=1`` this is exactly :func:`greedy_search`, whatever α. ``lengths``: each
+    source's length, for a source that is not token ids (log-mel frames).
     The model must be in eval mode.
     """
     _check_eval(model)
@@ -201,8 +216,8 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
                          f"with beam_size={beam_size}")
     if not (isinstance(alpha, (int, float)) and 0 <= alpha < math.inf):
         raise AtencionError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
-    memory, src_mask = model.encode(src_ids)
-    max_lens = _max_lengths(model, src_ids, max_len_a, max_len_b)
+    memory, src_mask = _encode(model, src_ids, lengths)
+    max_lens = _max_lengths(memory, src_mask, max_len_a, max_len_b)
     k, vocab, eos = beam_size, model.cfg.target_vocab_size, model.cfg.eos_id
     device, n = src_ids.device, len(max_lens)
     # One group of k decoder rows per sentence; the k rows share their sentence's

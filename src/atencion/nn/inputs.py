@@ -1,7 +1,8 @@
 """What an encoder reads (``ModelConfig.inputs``): the paper's tokens (§3.4), or another kind of
 input turned into a sequence of d_model-wide vectors, as the Transformer left text behind —
-image patches (ViT, Dosovitskiy et al. 2021, §3.1, eq. 1) and, added by the speech work, log-mel
-frames (Whisper, Radford et al. 2022, §2.2).
+image patches (ViT, Dosovitskiy et al. 2021, §3.1, eq. 1) and log-mel frames of a recording
+(Whisper, Radford et al. 2022, §2.2; an encoder-only classifier or the encoder of a speech-to-text
+encoder-decoder).
 
 ``INPUTS`` names every kind once, with what the rest of atencion asks about it: the raw input it
 takes, the archs whose encoder can read it, its settings (required ones, defaults and their
@@ -18,9 +19,10 @@ its positions (``model.positional``), drops out and runs its layers (nn/transfor
 ``Encoder``, ``Transformer._encode``), and the classification head pools the result.
 
 Adding an input kind touches: one module class and one ``InputKind`` entry here (its settings,
-``build``, ``read`` and ``collate``: a speech kind reads a WAV file into log-mel frames (n_mels,
-frames) and pads a batch to (batch, n_mels, frames) with the lengths); the task that trains on
-files reads them through ``read``/``collate`` (tasks/classify.py), so nothing else names a kind.
+``build``, ``read`` and ``collate``: ``spectrogram`` reads a WAV file into log-mel frames (n_mels,
+frames) and pads a batch to (batch, n_mels, frames) with the lengths); the tasks that train on
+files read them through ``read``/``collate`` (tasks/classify.py, tasks/transcribe.py), so nothing
+else names a kind.
 A position kind that needs the input's geometry (``sinusoidal-2d``) reads it from the settings
 (nn/positional.py's ``patch_grid``).
 """
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ARCHS, INPUTS, inputs_settings
@@ -81,6 +84,63 @@ class PatchEmbedding(nn.Module):
             raise AtencionError("images have no lengths: every image has the size model.inputs gives")
 
 
+class SpectrogramFrontEnd(nn.Module):
+    """Whisper (Radford et al. 2022), §2.2 and Figure 1: the log-mel frames x ∈ R^{n_mels×T}
+    (data/audio.py) pass through "a small stem comprised of two convolution layers with a filter
+    width of 3 and the GELU activation function where the second convolution layer has a stride
+    of two": z_0 = GELU(Conv_s2(GELU(Conv(x)))), T' = ceil(T / 2) positions of d_model (the
+    sinusoidal positions are the encoder's, added next). Recordings of different lengths are
+    padded: each one's frames beyond its length, and the first convolution's outputs there, are
+    zeroed, so that the second convolution sees what its own zero padding would give; each
+    recording's outputs are those it gets alone (tested), and the key-padding mask hides the
+    positions past ceil(length / 2)."""
+
+    def __init__(self, d_model: int, n_mels: int, max_frames: int):
+        super().__init__()
+        self.n_mels, self.max_frames = n_mels, max_frames
+        self.conv1 = nn.Conv1d(n_mels, d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d_model, d_model, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, frames: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """(batch, n_mels, T) frames (and each recording's T, when they differ) → the embeddings
+        (batch, ceil(T / 2), d_model) and the key-padding mask (batch, 1, 1, ceil(T / 2)), None
+        without ``lengths``."""
+        self.check(frames, lengths)
+        x = frames.to(self.conv1.weight.dtype)
+        real = None if lengths is None else torch.arange(x.size(-1), device=x.device) < lengths.to(x.device)[:, None]
+        if real is not None:
+            x = x * real[:, None, :]
+        x = F.gelu(self.conv1(x))
+        if real is not None:
+            x = x * real[:, None, :]
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        if lengths is None:
+            return x, None
+        kept = torch.arange(x.size(1), device=x.device) < frame_positions(lengths.to(x.device))[:, None]
+        return x, kept[:, None, None, :]
+
+    def check(self, frames: Tensor, lengths: Tensor | None) -> None:
+        if not isinstance(frames, Tensor) or not frames.is_floating_point() or frames.dim() != 3 \
+                or frames.size(1) != self.n_mels or 0 in frames.shape:
+            shape = tuple(frames.shape) if isinstance(frames, Tensor) else type(frames).__name__
+            dtype = f" {frames.dtype}" if isinstance(frames, Tensor) else ""
+            raise AtencionError(f"log-mel frames must be a float tensor (batch, n_mels, frames) = (batch, "
+                                f"{self.n_mels}, frames) as model.inputs says, got{dtype} {shape}")
+        if frames.size(2) > self.max_frames:
+            raise AtencionError(f"{frames.size(2)} frames, more than inputs.max_frames={self.max_frames}")
+        if lengths is not None and (not isinstance(lengths, Tensor) or lengths.shape != frames.shape[:1]
+                                    or lengths.is_floating_point() or bool((lengths < 1).any())
+                                    or bool((lengths > frames.size(2)).any())):
+            raise AtencionError(f"lengths must be an integer tensor (batch,) = ({frames.size(0)},) of frame counts "
+                                f"in [1, {frames.size(2)}], got {lengths!r}")
+
+
+def frame_positions(frames):
+    """The encoder positions of ``frames`` log-mel frames (an int or a tensor): ceil(frames / 2),
+    after the stride-2 convolution of ``SpectrogramFrontEnd``."""
+    return (frames + 1) // 2
+
+
 # the registry: every kind, named once ------------------------------------------------------------
 
 
@@ -109,6 +169,40 @@ def _patches_check(cfg, settings: dict) -> str | None:
         return (f"max_positions ({cfg.max_positions}) must be at least {length}: inputs gives {length - 1} "
                 f"patches and the [CLS] token, each with a learned position")
     return None
+
+
+def _spectrogram_check(cfg, settings: dict) -> str | None:
+    """n_mels and max_frames positive integers, and learned positions for the longest recording."""
+    for key in ("n_mels", "max_frames"):
+        if not _positive(settings[key]):
+            return f"inputs.{key} must be a positive integer, got {settings[key]!r}"
+    length = frame_positions(settings["max_frames"])
+    if cfg.positional == "learned" and cfg.max_positions < length:
+        return (f"max_positions ({cfg.max_positions}) must be at least {length}: inputs.max_frames "
+                f"{settings['max_frames']} frames make {length} positions after the stride-2 convolution")
+    return None
+
+
+def read_spectrogram(path: Path, settings: dict) -> Tensor:
+    """A WAV file's Whisper log-mel frames (n_mels, frames) (data/audio.py: mono, resampled to 16
+    kHz); one longer than inputs.max_frames is refused, naming the file."""
+    from ..data.audio import HOP, SAMPLE_RATE, load_features
+
+    frames = load_features(path, settings["n_mels"])
+    if frames.size(1) > settings["max_frames"]:
+        raise AtencionError(f"{path}: {frames.size(1)} frames ({frames.size(1) * HOP / SAMPLE_RATE:.2f} s), more "
+                            f"than inputs.max_frames={settings['max_frames']}")
+    return frames
+
+
+def pad_frames(examples: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Recordings' frames, (n_mels, T_i) each, zero-padded to one batch (batch, n_mels, max T_i),
+    and their lengths T_i."""
+    lengths = torch.tensor([x.size(-1) for x in examples])
+    batch = examples[0].new_zeros(len(examples), examples[0].size(0), int(lengths.max()))
+    for row, x in enumerate(examples):
+        batch[row, :, : x.size(-1)] = x
+    return batch, lengths
 
 
 @dataclass(frozen=True)
@@ -166,6 +260,13 @@ INPUTS.update({kind.name: kind for kind in (
               required=("patch", "size"), defaults={"channels": 3}, check=_patches_check, preset="vit-tiny",
               read=lambda path, settings: read_image(path, settings["channels"], settings["size"]),
               collate=stack_images, positions=_patches),
+    # Whisper (Radford et al. 2022): log-mel frames of a recording, two convolutions (the second of stride 2).
+    InputKind("spectrogram", "log-mel frames (batch, n_mels, frames), floats, and their lengths",
+              ("encoder", "encoder-decoder"),
+              lambda cfg: SpectrogramFrontEnd(cfg.d_model, cfg.inputs["n_mels"], cfg.inputs["max_frames"]),
+              defaults={"n_mels": 80, "max_frames": 3000}, check=_spectrogram_check, preset="whisper-tiny",
+              read=read_spectrogram, collate=pad_frames, positions=lambda frames, settings: frame_positions(
+                  frames.size(-1))),
 )})
 
 

@@ -468,10 +468,14 @@ def import_dir(model: str | os.PathLike, out: str | os.PathLike) -> dict:
 def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> None:
     """The tokenizer's vocabularies must be the sizes the model's config gives; one of another
     library (``Tokenizer.foreign``) must fit in them (Hugging Face's models often round their
-    embedding tables up)."""
+    embedding tables up). An encoder of another input kind (recordings) reads no tokens: only the
+    decoder's vocabulary is checked, when there is a decoder."""
     cfg = model.cfg
-    for side, pieces, key, size in (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),
-                                     ("target", tokenizer.tgt_vocab_size, "tgt_vocab_size", cfg.target_vocab_size)):
+    sides = (("source", tokenizer.src_vocab_size, "vocab_size", cfg.vocab_size),
+             ("target", tokenizer.tgt_vocab_size, "tgt_vocab_size", cfg.target_vocab_size))
+    if cfg.vocab_size == 0:  # model.inputs other than tokens (nn/inputs.py)
+        sides = sides[1:] if cfg.tgt_vocab_size else ()
+    for side, pieces, key, size in sides:
         if tokenizer.foreign and pieces > size:
             raise AtencionError(f"{path}: the {side} tokenizer has {pieces} tokens but the model's {key} is "
                                 f"{size}; the files come from different models")

@@ -8,6 +8,7 @@ side by side as x-transformers keeps a wrapper's loss and its ``generate``.
     lm          a GPT on plain text                                  → generate
     mlm         a BERT by masking                                    → fill-mask
     classify    a label per sentence, over an encoder or a decoder   → classify
+    transcribe  speech to text: an encoder-decoder reading recordings → transcribe
 
 The training configuration (train/config.py), the trainer, `atencion evaluate` and the server
 read ``TASKS`` instead of keeping tables of their own. The task a model was trained for is saved
@@ -25,7 +26,7 @@ from typing import Any
 from ..errors import AtencionError
 from ..fileio import need_dir
 from ..nn.model_dir import load_config
-from . import classify, lm, mlm, translate  # noqa: F401  (each registers its SPEC)
+from . import classify, lm, mlm, transcribe, translate  # noqa: F401  (each registers its SPEC)
 from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
 
 __all__ = ["TASKS", "USES", "Task", "TaskBatch", "TaskSpec", "check_model", "describe", "evaluate", "make_task",

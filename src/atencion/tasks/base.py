@@ -50,6 +50,7 @@ class TaskSpec:
     evaluate: Callable[..., dict]  # `atencion evaluate` for a model of this task: (model_dir, options, warn)
     evaluate_options: tuple[str, ...]  # the options of `atencion evaluate` it reads (argument names)
     evaluate_required: tuple[str, ...]  # those it must be given
+    metrics: tuple[str, ...] = ()  # what its validation measures beside the loss (train.early_stop_metric may name one)
 
     @property
     def evaluate_needs(self) -> str:

@@ -330,4 +330,4 @@ SPEC = register_task(TaskSpec(
     name="classify", kind="a classifier (a classification head)", preset="bert-tiny", archs=("encoder", "decoder"),
     metric="accuracy", label_smoothing=0.0, training=ClassifyTask, use="classify",
     needs="a model with a classification head (task classify)", can=can_classify,
-    evaluate=evaluate_classifier_dir, evaluate_options=("tsv",), evaluate_required=("tsv",)))
+    evaluate=evaluate_classifier_dir, evaluate_options=("tsv",), evaluate_required=("tsv",), metrics=("accuracy",)))

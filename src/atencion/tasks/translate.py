@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..config import TWO_STACKS
 from ..data.batching import collate, token_batches
@@ -20,8 +22,9 @@ from ..decode.translate import Translation, translate_lines
 from ..errors import AtencionError
 from ..evaluate import evaluate, score
 from ..fileio import atomic_write, need_file, need_output_file
+from ..nn.inputs import reads_tokens
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, flag, register_task, valid_result
+from .base import Task, TaskBatch, TaskSpec, check_model, flag, register_task, valid_result
 
 log = logging.getLogger(__name__)
 
@@ -88,29 +91,17 @@ class TranslateTask(Task):
         return bool(self.valid_examples)
 
     def make_batch(self, indices, step, part) -> TaskBatch:
-        b = collate([self.examples[i] for i in indices], PAD_ID, BOS_ID, EOS_ID)
-        return TaskBatch(b.src, b.tgt_out, b.n_tokens, b.n_tokens, b.tgt_in)
+        return _batch([self.examples[i] for i in indices])
 
     def loss(self, forward, model, batch):
-        from .loss import generator_loss
-
-        hidden = forward(batch.inputs, batch.decoder_inputs, select=batch.targets != PAD_ID, project=False)
-        generator = model.generator
-        return generator_loss(hidden, generator.weight, generator.bias, batch.targets, PAD_ID,
-                              self.cfg.label_smoothing)
+        return seq2seq_loss(forward, model, batch, self.cfg.label_smoothing)
 
     @torch.no_grad()
     def validate(self, model, device, step):
-        from .loss import label_smoothed_loss
-
-        loss_sum = nll_sum = tokens = 0.0
         lengths = [(len(s), len(tg)) for s, tg in self.valid_examples]
-        for group in token_batches(lengths, self.cfg.train.max_tokens, seed=None):
-            batch = collate([self.valid_examples[i] for i in group], PAD_ID, BOS_ID, EOS_ID).to(device)
-            loss, nll = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, PAD_ID,
-                                            self.cfg.label_smoothing)
-            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
-        result = valid_result(loss_sum, nll_sum, tokens, step)
+        batches = (_batch([self.valid_examples[i] for i in group])
+                   for group in token_batches(lengths, self.cfg.train.max_tokens, seed=None))
+        result = seq2seq_valid_loss(model, batches, self.cfg.label_smoothing, device, step)
         t = self.cfg.train
         if t.valid_bleu:
             pairs = self.valid_pairs[: t.valid_bleu_sentences or None]
@@ -120,11 +111,48 @@ class TranslateTask(Task):
         return result
 
 
+def _batch(examples: list[tuple[list[int], list[int]]]) -> TaskBatch:
+    b = collate(examples, PAD_ID, BOS_ID, EOS_ID)
+    return TaskBatch(b.src, b.tgt_out, b.n_tokens, b.n_tokens, b.tgt_in)
+
+
+def _lengths(batch: TaskBatch) -> dict[str, Tensor]:
+    """The source lengths a batch of inputs other than token ids gives the model (none for text)."""
+    return {} if batch.lengths is None else {"lengths": batch.lengths}
+
+
+def seq2seq_loss(forward, model, batch: TaskBatch, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """Teacher forcing's label-smoothed loss (§5.4) and NLL, summed over the target tokens, with
+    the generator's projection applied inside the loss (tasks/loss.py: ``generator_loss``); the
+    translator's, and the speech-to-text model's (tasks/transcribe.py)."""
+    from .loss import generator_loss
+
+    hidden = forward(batch.inputs, batch.decoder_inputs, select=batch.targets != PAD_ID, project=False,
+                     **_lengths(batch))
+    generator = model.generator
+    return generator_loss(hidden, generator.weight, generator.bias, batch.targets, PAD_ID, label_smoothing)
+
+
+def seq2seq_valid_loss(model, batches: Iterable[TaskBatch], label_smoothing: float, device,
+                       step: int) -> dict[str, float]:
+    """Validation loss, NLL and perplexity per target token over ``batches`` (teacher forcing)."""
+    from .loss import label_smoothed_loss
+
+    loss_sum = nll_sum = tokens = 0.0
+    for batch in batches:
+        batch = batch.to(device)
+        loss, nll = label_smoothed_loss(model(batch.inputs, batch.decoder_inputs, **_lengths(batch)), batch.targets,
+                                        PAD_ID, label_smoothing)
+        loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.units
+    return valid_result(loss_sum, nll_sum, tokens, step)
+
+
 # the use side ---------------------------------------------------------------------------------
 
 
 def can_translate(model, tokenizer: Tokenizer) -> bool:
-    return model.cfg.arch in TWO_STACKS
+    """An encoder-decoder (or an RNN) that reads tokens: not a speech-to-text model (task transcribe)."""
+    return model.cfg.arch in TWO_STACKS and reads_tokens(model.cfg)
 
 
 def translate_file(model: str, input: str | None = None, output: str | None = None,
@@ -147,6 +175,7 @@ def translate_file(model: str, input: str | None = None, output: str | None = No
     if threads:
         torch.set_num_threads(threads)
     loaded, tokenizer = load_model_dir(model, device, int8)
+    check_model(loaded, tokenizer, "translate")
     source = input or getattr(sys.stdin, "buffer", sys.stdin)
     lines = read_lines(source, allow_empty=True, errors="replace", name=input or "stdin", warn=warn)
     results = translate_lines(loaded, tokenizer, lines, decode, nbest=nbest, max_src_tokens=max_input_tokens,
@@ -182,4 +211,4 @@ SPEC = register_task(TaskSpec(
     archs=("encoder-decoder", "rnn"), metric="bleu", label_smoothing=0.1, training=TranslateTask,
     use="translate", needs="a translator (arch encoder-decoder or rnn)", can=can_translate,
     evaluate=evaluate_translator, evaluate_options=("src", "ref", "output", "raw_ref", "recase_from", "lang"),
-    evaluate_required=("src", "ref")))
+    evaluate_required=("src", "ref"), metrics=("bleu",)))

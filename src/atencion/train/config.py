@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..config import PRESETS, ModelConfig
+from ..config import PRESETS, TWO_STACKS, ModelConfig
 from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
@@ -81,8 +81,9 @@ class OptimConfig:
     valid_every: int = 0                # validate every N updates (0: at the end of each epoch)
     valid_bleu: bool = True             # translate: also decode the validation set and compute BLEU
     valid_bleu_sentences: int = 0       # decode at most this many validation sentences (0: all)
-    early_stop_metric: str | None = None  # "bleu", "accuracy" (higher is better) or "loss"; default by task:
-                                          # bleu (translate), accuracy (classify), loss (lm, mlm)
+    early_stop_metric: str | None = None  # "bleu", "accuracy", "exact_match" (higher is better) or "loss";
+                                          # default by task: bleu (translate), accuracy (classify), exact_match
+                                          # (transcribe), loss (lm, mlm)
     patience: int = 0                   # stop after this many validations without improvement (0: off)
     keep_last: int = 5                  # checkpoints kept (the best model is kept apart)
     log_every: int = 50                 # updates between log lines
@@ -120,15 +121,19 @@ class TrainConfig:
         task_values = task_values or {}  # what the data decides (a classifier's labels)
         if start is None:  # a new model: the model section over the task's preset (or its input kind's)
             values = {**self.model, **task_values}
-            kind = input_kind_named(values.get("inputs"))
-            default = TASKS[self.task].preset if kind is None or kind.tokens else kind.preset
+            named = input_kind_named(values.get("inputs"))
+            default = TASKS[self.task].preset if named is None or named.tokens else named.preset
             preset = values.pop("preset", None if self.train.init_from else default)
-            if self.task == "classify" and "pooling" not in values:
-                arch = values.get("arch", PRESETS[preset].get("arch", "encoder-decoder") if preset in PRESETS else None)
-                if arch == "decoder":
-                    values["pooling"] = "last"
-            values["vocab_size"] = vocab_size if kind is None or kind.tokens else 0  # images: no vocabulary
-            if tgt_vocab_size is not None and tgt_vocab_size != vocab_size:
+            base = PRESETS.get(preset, {})
+            kind = input_kind_named(values.get("inputs", base.get("inputs")))  # the section's, else its preset's
+            tokens = kind is None or kind.tokens
+            arch = values.get("arch", base.get("arch", "encoder-decoder") if preset in PRESETS else None)
+            if self.task == "classify" and "pooling" not in values and arch == "decoder":
+                values["pooling"] = "last"
+            values["vocab_size"] = vocab_size if tokens else 0  # images, sounds: no vocabulary
+            if not tokens and arch in TWO_STACKS:  # the decoder's vocabulary is the run's only one
+                tgt_vocab_size = tgt_vocab_size or vocab_size
+            if tgt_vocab_size is not None and tgt_vocab_size != values["vocab_size"]:
                 values["tgt_vocab_size"] = tgt_vocab_size
                 values.setdefault("share_embeddings", False)
             if preset is None:
@@ -346,7 +351,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                ("data.model_type", d.model_type, ("bpe", "unigram")),
                ("data.header", d.header, ("auto", "yes", "no")),
                ("data.tokenizer", d.tokenizer, ("sentencepiece", "char", "whitespace")),
-               ("train.early_stop_metric", cfg.early_stop_metric, ("bleu", "loss", "accuracy")),
+               ("train.early_stop_metric", cfg.early_stop_metric,
+                tuple(dict.fromkeys(m for spec in TASKS.values() for m in ("loss", *spec.metrics)))),
                ("train.schedule", t.schedule, ("inverse_sqrt", "cosine", "constant")),
                ("train.optimizer", t.optimizer, ("adam", "adamw")),
                ("train.distributed", t.distributed, ("ddp", "fsdp"))]
@@ -372,8 +378,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         raise AtencionError(f"{source}: train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
     if not d.joint and cfg.model.get("share_embeddings") is True:
         raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
-    if cfg.early_stop_metric == "bleu" and cfg.task != "translate" or \
-            cfg.early_stop_metric == "accuracy" and cfg.task != "classify":
+    if cfg.early_stop_metric not in ("loss", *TASKS[cfg.task].metrics):
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
                             f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
     if d.shift and cfg.task != "classify":
@@ -425,10 +430,11 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
     limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
-    if limit is None or not input_kind(model).tokens:  # another kind's length: its settings (checked in ModelConfig)
+    # an encoder of another kind: its length is its settings' (checked in ModelConfig); a decoder still writes tokens
+    if limit is None or not (input_kind(model).tokens or model.arch in TWO_STACKS):
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
-                    else (cfg.data.max_len + (1 if cfg.task == "translate" else 2), "data.max_len"))
+                    else (cfg.data.max_len + (1 if cfg.task in ("translate", "transcribe") else 2), "data.max_len"))
     if longest > limit:
         raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
                             f"positions stop at model.max_positions={limit}")

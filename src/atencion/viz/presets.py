@@ -28,15 +28,17 @@ def presets_report(vocab: int = 37000, tiny_vocab: int = 10000) -> str:
              f"{'preset':<16}{'arch':<16}{'positions':<11}{'N':>3}{'d_model':>9}{'d_ff':>7}{'h':>4}{'g':>4}{'dropout':>9}"
              f"{'vocab':>8}{'parameters':>13}  published"]
     for name in PRESETS:
-        if "vocab_size" in PRESETS[name]:  # a ViT's: none
-            size = PRESETS[name]["vocab_size"]
+        reads_no_tokens = PRESETS[name].get("vocab_size") == 0  # a ViT: no vocabulary; Whisper: its decoder's only
+        if reads_no_tokens:
+            size = PUBLISHED.get(name, (0,))[0]
         elif name in ("base", "big"):
             size = vocab
         elif name in PUBLISHED or name == "bert-tiny":
             size = PUBLISHED["bert-base" if name == "bert-tiny" else name][0]  # BERT-Tiny: BERT's WordPiece
         else:
             size = tiny_vocab
-        cfg = ModelConfig.preset(name, vocab_size=size)
+        vocabulary = {"tgt_vocab_size": size} if reads_no_tokens and size else {"vocab_size": size}
+        cfg = ModelConfig.preset(name, **vocabulary)
         with torch.device("meta"):
             n = build_model(cfg).num_parameters()
         published = PUBLISHED[name][1] if name in PUBLISHED and size == PUBLISHED[name][0] else ""
