@@ -341,10 +341,14 @@ def cmd_download(args: argparse.Namespace) -> None:
 
 
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory: a translator, a GPT (arch decoder) or a BERT "
-                                                   "(arch encoder)")
-    p.add_argument("--src", "--text", dest="src", metavar="TEXT", required=True,
-                   help="the sentence: a translator's source, a GPT's text (its prompt), a BERT's sentence")
+    p.add_argument("--model", required=True, help="model directory: a translator, a GPT (arch decoder), a BERT "
+                                                   "(arch encoder), a ViT or a speech model")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--src", "--text", dest="src", metavar="TEXT",
+                       help="the sentence: a translator's source, a GPT's text (its prompt), a BERT's sentence")
+    given.add_argument("--image", help="a ViT's image (PNG or NPY): its [CLS] attention and rollout over the patches")
+    given.add_argument("--audio", help="a speech model's WAV file: a classifier's pooled attention over the frames, a "
+                                       "speech-to-text model's cross-attention for each character it writes")
     p.add_argument("--tgt", help="translator only: target sentence, teacher-forced (default: the model's own "
                                  "translation)")
     p.add_argument("--out", required=True, help="output directory (files of the same names are replaced)")
@@ -370,12 +374,13 @@ def cmd_attention(args: argparse.Namespace) -> None:
     the model translates --src first (beam search) and its output is the target. A GPT or a
     BERT has self-attention only: decoder.png (GPT, causal, over --text and the
     --max-new-tokens it generates greedily) or encoder.png (BERT, over <s> --text </s>), its
-    KIND_mean.png, bertviz.json and attention.html."""
+    KIND_mean.png, bertviz.json and attention.html. With --image (a ViT) or --audio (a speech
+    model): attention.png and attention.json, the attention over the patches or the frames."""
     from .viz.attention import CAUTION
     from .viz.report import attention_report
 
     summary = attention_report(args.model, args.src, args.out, args.tgt, args.words, args.shift, args.beam,
-                               args.max_new_tokens, args.max_tokens, args.device)
+                               args.max_new_tokens, args.max_tokens, args.device, args.image, args.audio)
     print(f"note: {CAUTION}", file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False))
 

@@ -56,6 +56,7 @@ import torch
 
 from ..config import TWO_STACKS
 from ..decode.sample import generate_ids
+from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
 from ..nn.positional import position_limit
 
@@ -439,3 +440,124 @@ def format_aer_table(result: dict) -> str:
         lines.append(f"| {layer} | {value:.4f} | {best + 1} | {heads[best]:.4f} |")
     lines.append(f"| all layers averaged | {result['layers_mean']:.4f} | | |")
     return "\n".join(lines)
+
+
+# attention over inputs: images and recordings ----------------------------------------------------
+
+def attention_rollout(weights: np.ndarray) -> np.ndarray:
+    """Attention rollout (Abnar and Zuidema 2020, "Quantifying Attention Flow in Transformers",
+    §3): the attention of an encoder's output positions to its inputs through every layer. Per
+    layer the head average A of ``weights`` (layers, heads, n, n), plus the identity for the
+    residual connection, rows renormalised, A' = (A + I) / rowsum (= 0.5 A + 0.5 I when A's rows
+    sum to 1); then Ã(l) = A'(l) · Ã(l−1) from the first layer, Ã(1) = A'(1). Returns (n, n):
+    row i, how much output position i draws on each input position (one example: no padding)."""
+    if weights.ndim != 4 or weights.shape[2] != weights.shape[3]:
+        raise AtencionError(f"attention rollout takes self-attention weights (layers, heads, n, n), got shape "
+                            f"{weights.shape}")
+    identity = np.eye(weights.shape[-1])
+    rollout = identity
+    for layer in weights.astype(np.float64):
+        mixed = layer.mean(axis=0) + identity
+        mixed = mixed / np.maximum(mixed.sum(axis=-1, keepdims=True), 1e-30)
+        rollout = mixed @ rollout
+    return rollout
+
+
+@dataclass(frozen=True)
+class InputAttention:
+    """The attention of a model that reads an image or a recording, as one forward pass computed it.
+
+    ``kind``: "patches" (a ViT), "spectrogram" (a speech classifier) or "transcribe" (speech to
+    text). ``features``: what was read, (channels, height, width) or (n_mels, frames). ``encoder``:
+    the encoder's self-attention (layers, heads, n, n), its positions labelled [CLS] and p1 … pN
+    (patches, row-major over ``grid``) or e1 … eN (encoder positions, each two log-mel frames
+    after the stride-2 convolution). ``rollout``: ``attention_rollout`` of it. ``cross``: a
+    speech-to-text model's cross-attention map, rows the transcript's characters and </s>
+    ("predict" shift: row j predicts character j), columns the encoder positions; ``text`` the
+    transcript (greedy)."""
+
+    kind: str
+    features: np.ndarray
+    encoder: AttentionMap
+    rollout: np.ndarray
+    grid: tuple[int, int] | None = None
+    cross: AttentionMap | None = None
+    text: str = ""
+    pooling: str = "first"
+
+    def pooled(self, weights: np.ndarray) -> np.ndarray:
+        """What the classification head reads, as a distribution over the positions: the [CLS]
+        row of ``weights`` (n, n) for "first" pooling, the last row for "last", the mean of its rows
+        for "mean" pooling."""
+        return weights.mean(axis=0) if self.pooling == "mean" else weights[0 if self.pooling == "first" else -1]
+
+    def last_layer(self) -> np.ndarray:
+        """The pooled last-layer attention per head, (heads, n)."""
+        return np.stack([self.pooled(head) for head in self.encoder.weights[-1]])
+
+    def to_json(self) -> dict:
+        """The numbers: the positions' labels, the pooled last-layer attention per head and its
+        mean, the pooled rollout, the patch grid (a ViT); a speech-to-text model's transcript and
+        cross-attention (every layer and head, and the last layer's head mean). Rounded to 5 places."""
+        def listed(array: np.ndarray) -> list:
+            return np.round(array, 5).tolist()
+
+        heads = self.last_layer()
+        data = {"kind": self.kind, "pooling": self.pooling, "positions": self.encoder.cols,
+                "last_layer": listed(heads), "last_layer_mean": listed(heads.mean(axis=0)),
+                "rollout": listed(self.pooled(self.rollout))}
+        if self.grid is not None:
+            data["grid"] = list(self.grid)
+        if self.cross is not None:
+            data.update(text=self.text, cross={"rows": self.cross.rows, "cols": self.cross.cols,
+                                               "weights": listed(self.cross.weights)},
+                        cross_last_layer_mean=listed(self.cross.mean(self.cross.weights.shape[0] - 1)))
+        return data
+
+
+def capture_input_attention(model, tokenizer, example: torch.Tensor) -> InputAttention:
+    """Run ``model`` (eval mode, no gradients) on one ``example`` its input kind read (an image,
+    or a recording's log-mel frames) and keep its encoder's attention and rollout; a speech-to-text
+    model first transcribes it (greedy), then is teacher-forced on its own transcript for the
+    cross-attention. A model that reads tokens is refused."""
+    from ..nn.inputs import input_kind
+
+    cfg = model.cfg
+    kind = input_kind(cfg)
+    if kind.tokens:
+        raise AtencionError("--image and --audio are for a model that reads images (inputs kind patches) or "
+                            "recordings (inputs kind spectrogram); this model reads tokens: give it --text")
+    device = next(model.parameters()).device
+    batch, lengths = kind.collate([example])
+    batch = batch.to(device)
+    lengths = None if lengths is None else lengths.to(device)
+    model.eval()
+    cross = None
+    text = ""
+    with torch.no_grad():
+        if cfg.arch in TWO_STACKS:
+            from ..tasks.transcribe import transcribe_inputs
+
+            best = transcribe_inputs(model, tokenizer, [example], DecodeConfig(beam=1))[0][0]
+            text = best.text
+            tgt = torch.tensor([[cfg.bos_id] + list(best.tokens)], device=device)
+            _, attn = model(batch, tgt, return_attention=True, lengths=lengths)
+            rows = [tokenizer.tgt.id_to_piece(i) for i in best.tokens] + [EOS]
+        else:
+            _, attn = model(batch, return_attention=True, lengths=lengths)
+    weights = torch.stack(attn["encoder"])[:, 0].float().cpu().numpy()
+    n = weights.shape[-1]
+    grid = None
+    if kind.name == "patches":
+        patch, (height, width) = cfg.inputs["patch"], cfg.inputs["size"]
+        grid = (height // patch, width // patch)
+        labels = ["[CLS]"] + [f"p{i + 1}" for i in range(n - 1)]
+    else:
+        labels = [f"e{i + 1}" for i in range(n)]
+    if cfg.arch in TWO_STACKS:
+        cross = AttentionMap("cross", torch.stack(attn["cross"])[:, 0].float().cpu().numpy(), rows, labels)
+        mode = "transcribe"
+    else:
+        mode = kind.name
+    return InputAttention(mode, example.float().cpu().numpy(), AttentionMap("encoder", weights, labels, labels),
+                          attention_rollout(weights), grid, cross, text, getattr(cfg, "pooling", "first") or "first")

@@ -102,3 +102,56 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     path = Path(path)
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
     return path
+
+
+def _upsample(values: np.ndarray, grid: tuple[int, int], shape: tuple[int, int]) -> np.ndarray:
+    """A patch grid's values (grid[0] * grid[1],) as an image of ``shape`` (each patch's pixels one value)."""
+    cells = values.reshape(grid)
+    return np.kron(cells, np.ones((shape[0] // grid[0], shape[1] // grid[1])))
+
+
+def image_attention_figure(image: np.ndarray, maps: dict[str, np.ndarray], grid: tuple[int, int]) -> Figure:
+    """The image (channels, height, width) and, beside it, each of ``maps`` (title → weights over
+    the patches, row-major over ``grid``) as a heatmap overlaid on it, each on its own min–max scale."""
+    pixels = image[0] if image.shape[0] == 1 else np.clip(image[:3].transpose(1, 2, 0), 0, 1)
+    shape = image.shape[1:]
+    fig = Figure(figsize=(2.2 * (len(maps) + 1), 2.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(maps) + 1, squeeze=False)[0]
+    axes[0].imshow(pixels, cmap="gray")
+    axes[0].set_title("image", fontsize=8)
+    for ax, (title, values) in zip(axes[1:], maps.items()):
+        ax.imshow(pixels, cmap="gray")
+        ax.imshow(_upsample(values, grid, shape), cmap="inferno", alpha=0.6, vmin=float(values.min()),
+                  vmax=max(float(values.max()), float(values.min()) + 1e-12))
+        ax.set_title(title, fontsize=8)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig
+
+
+def spectrogram_attention_figure(frames: np.ndarray, rows: dict[str, np.ndarray], title: str,
+                                 ylabel: str = "") -> Figure:
+    """The log-mel spectrogram (n_mels, frames) on top and, under it on the same time axis, one
+    heatmap whose rows are ``rows`` (label → weights over the encoder positions, each two frames
+    after the stride-2 convolution), each row on its own 0–max scale."""
+    n_frames = frames.shape[1]
+    labels = list(rows)
+    matrix = np.stack([rows[label] / max(float(rows[label].max()), 1e-12) for label in labels])
+    positions = matrix.shape[1]
+    fig = Figure(figsize=(7.0, 2.6 + 0.28 * len(labels)), layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, max(0.6, 0.28 * len(labels))]})
+    top.imshow(frames, origin="lower", aspect="auto", cmap="magma", extent=(0, n_frames, 0, frames.shape[0]))
+    top.set_ylabel("mel channel", fontsize=8)
+    top.set_title(title, fontsize=9)
+    bottom.imshow(matrix, aspect="auto", cmap=CMAP, vmin=0.0, vmax=1.0, interpolation="nearest",
+                  extent=(0, 2 * positions, len(labels), 0))
+    bottom.set_yticks(np.arange(len(labels)) + 0.5)
+    bottom.set_yticklabels(labels, fontsize=8)
+    bottom.set_xlim(0, n_frames)
+    bottom.set_xlabel("log-mel frame (10 ms)", fontsize=8)
+    if ylabel:
+        bottom.set_ylabel(ylabel, fontsize=8)
+    return fig

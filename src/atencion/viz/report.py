@@ -44,8 +44,10 @@ from ..fileio import atomic_write, need_file, need_output_dir
 from .attention import (
     ARCH_NAMES,
     Attention,
+    InputAttention,
     SelfAttention,
     capture_attention,
+    capture_input_attention,
     capture_self_attention,
     evaluate_alignment,
     format_pharaoh,
@@ -54,7 +56,7 @@ from .attention import (
     word_alignment,
 )
 from .html import attention_html
-from .plots import grid_figure, mean_figure, save
+from .plots import grid_figure, image_attention_figure, mean_figure, save, spectrogram_attention_figure
 
 log = logging.getLogger(__name__)
 
@@ -146,19 +148,85 @@ ATTENTION_OPTIONS = {
 }
 
 
-def attention_report(model: str, src: str, out: str | Path, tgt: str | None = None, words: bool = False,
+# The option of `atencion attention` that names the file a model of each input kind reads.
+FILE_OPTIONS = {"patches": "--image", "spectrogram": "--audio"}
+
+
+def write_input_attention_report(model, tokenizer, path: str | Path, option: str, out: str | Path) -> dict[str, Any]:
+    """The attention of a model that reads images or recordings, on the file ``path`` (given as
+    ``option``, --image or --audio), written into ``out``: attention.png and attention.json
+    (``InputAttention.to_json``). A ViT: the image, its [CLS] token's last-layer attention per
+    head and their mean, and the rollout's [CLS] row, each over the patch grid overlaid on the
+    image. A speech classifier: the same rows (pooled as its head pools: [CLS] or the mean over
+    positions) under the log-mel spectrogram. A speech-to-text model: the decoder's last-layer
+    cross-attention (head mean) over the frames for each character it writes, under the
+    spectrogram. The file is read and the maps computed before anything is written."""
+    from ..nn.inputs import input_kind, read_inputs
+
+    kind = input_kind(model.cfg)
+    expected = FILE_OPTIONS.get(kind.name)
+    if expected != option:
+        reads = "tokens: give it --text" if expected is None else f"{kind.takes}: give it {expected}"
+        raise AtencionError(f"{option}: this model reads {reads}")
+    out = _output_dir(out)
+    example = read_inputs(model.cfg.inputs, [Path(path)], lambda i: option)[0]
+    attention = capture_input_attention(model, tokenizer, example)
+    figure = input_attention_figure(attention)
+    out.mkdir(parents=True, exist_ok=True)
+    save(figure, out / "attention.png")
+    data = json.dumps({"file": str(path), **attention.to_json()}, ensure_ascii=False)
+    atomic_write(out / "attention.json", lambda tmp: tmp.write_text(data, encoding="utf-8"))
+    log.info("wrote attention.png, attention.json into %s", out)
+    summary = {"kind": attention.kind, "file": str(path), "out": str(out), "files": ["attention.png",
+                                                                                     "attention.json"]}
+    return summary | ({"text": attention.text} if attention.kind == "transcribe" else {})
+
+
+def input_attention_figure(attention: InputAttention):
+    """The figure of ``write_input_attention_report``."""
+    heads = attention.last_layer()
+    pooled = "[CLS]" if attention.pooling == "first" else "pooled"
+    rows = {f"head {h + 1}": weights for h, weights in enumerate(heads)}
+    rows.update({"mean": heads.mean(axis=0), "rollout": attention.pooled(attention.rollout)})
+    if attention.kind == "patches":
+        maps = {f"{pooled} {label}" if label != "rollout" else "rollout": values[1:] for label, values in rows.items()}
+        return image_attention_figure(attention.features, maps, attention.grid)
+    if attention.kind == "spectrogram":
+        return spectrogram_attention_figure(attention.features, rows, f"{pooled} attention over the frames "
+                                                                      f"(last layer; rollout)")
+    cross = attention.cross
+    mean = cross.mean(cross.weights.shape[0] - 1)
+    return spectrogram_attention_figure(attention.features, dict(zip(cross.rows, mean)),
+                                        f"cross-attention of {attention.text!r} (last layer, mean of the heads)",
+                                        "written")
+
+
+def attention_report(model: str, src: str | None, out: str | Path, tgt: str | None = None, words: bool = False,
                      shift: str | None = None, beam: int | None = None, max_new_tokens: int = 0,
-                     max_tokens: int = 128, device: str = "cpu") -> dict[str, Any]:
+                     max_tokens: int = 128, device: str = "cpu", image: str | None = None,
+                     audio: str | None = None) -> dict[str, Any]:
     """`atencion attention`: every attention map of the model directory ``model`` on ``src``,
     written into ``out``: a translator's (``write_attention_report``) or a GPT's or a BERT's
-    (``write_self_attention_report``). An option the model's arch does not take is refused,
-    naming it (``ATTENTION_OPTIONS``)."""
+    (``write_self_attention_report``); on ``image`` or ``audio`` instead, a ViT's or a speech
+    model's (``write_input_attention_report``). An option the model's arch does not take is
+    refused, naming it (``ATTENTION_OPTIONS``)."""
+    from ..nn.inputs import reads_tokens
     from ..nn.model_dir import load_model_dir
 
     need_output_dir(out, "--out", empty=False)
     loaded, tokenizer = load_model_dir(model, device)
     arch = loaded.cfg.arch
     given = {"tgt": tgt, "shift": shift, "beam": beam, "max_new_tokens": max_new_tokens}
+    if image is not None or audio is not None:
+        extra = [name for name, value in given.items() if value not in (None, 0)] + (["words"] if words else [])
+        if extra:
+            raise AtencionError(f"--{extra[0].replace('_', '-')} is for text; --image and --audio take --model and "
+                                f"--out only")
+        return write_input_attention_report(loaded, tokenizer, image if image is not None else audio,
+                                            "--image" if image is not None else "--audio", out)
+    if not reads_tokens(loaded.cfg):
+        raise AtencionError(f"--text: this model reads {loaded.cfg.inputs['kind']}, not text: give it "
+                            f"{FILE_OPTIONS[loaded.cfg.inputs['kind']]}")
     for name, (archs, what) in ATTENTION_OPTIONS.items():
         if given[name] not in (None, 0) and arch not in archs:
             raise AtencionError(f"--{name.replace('_', '-')} {what}; this model is {ARCH_NAMES[arch]}, so it "
