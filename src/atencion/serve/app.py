@@ -2,7 +2,9 @@
 
 Endpoints: GET /health, /info, /metrics, / (the page) and /static/*; POST /translate (a
 translator), /generate (a decoder-only language model), /fill-mask (a masked language model) and
-/classify (a classifier); a model of another kind is answered 400, saying which endpoints it has.
+/classify (a classifier: JSON texts, or for a ViT or a speech classifier an image or a WAV file
+uploaded as a multipart form) and /transcribe (a speech-to-text model: a WAV upload); a model of
+another kind is answered 400, saying which endpoints it has.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
 never a traceback; see ``ServeSettings`` for the limits.
 
@@ -14,6 +16,13 @@ awaits the entry's handler. What a model answers (``LoadedModel.endpoints``), /i
 "endpoints", "decoding" and extra fields, the 400's words and the paths /metrics counts by name
 all come from the table. So a new endpoint is one Endpoint entry (schema, capability, defaults,
 handler) and the module-level functions it names; nothing in ``create_app`` changes.
+
+Uploads. An entry with an ``upload`` handler also takes a multipart form (``python-multipart``):
+the field ``file`` (an image, PNG or NPY, for a model of inputs kind patches; a WAV file for one of
+kind spectrogram), and optionally ``model`` and ``attention`` (true or false). The body-size limit
+(413) is the JSON bodies' ``max_body_bytes``; a bad form or file is 422, naming the field and what
+was expected. A model that reads text is answered 400 when it gets a file, and a model that reads
+files 400 when it gets JSON: each is told which to send.
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ import json
 import logging
 import math
 import re
+import tempfile
 import time
 import traceback
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -42,8 +53,9 @@ from .. import tasks
 from ..config import TWO_STACKS
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
+from ..nn.inputs import input_kind, reads_tokens
 from ..tasks.base import sentence_ids
-from ..tasks.classify import classify_probabilities, label_names, prediction
+from ..tasks.classify import classify_paths, classify_probabilities, label_names, prediction
 from ..tasks.lm import check_prompt, generate_text
 from ..tasks.mlm import fill_mask, masked_ids
 from .batching import Batcher, Job, QueueFull, Worker, attention_json, resolve
@@ -165,16 +177,34 @@ class Endpoint:
     ``schema`` (whose ``model`` field names the model) and answered by ``await handler(body, model,
     context)``, a JSON-able dict. /info shows the ``defaults`` fields of the schema as "decoding" of
     a model whose first endpoint this is, with ``server_defaults(settings)``, and adds ``info(model)``
-    for each model that answers it; the 400 to another model says the endpoint ``needs`` this."""
+    for each model that answers it; the 400 to another model says the endpoint ``needs`` this.
+    ``upload``: the handler of a multipart form (``Upload``) for a model that reads images or
+    recordings; ``schema`` None: the endpoint takes uploads only."""
 
     name: str
-    schema: type[BaseModel]
+    schema: type[BaseModel] | None
     needs: str
     capability: Callable[[LoadedModel], bool]
     handler: Callable[[Any, LoadedModel, Context], Awaitable[dict[str, Any]]]
     defaults: tuple[str, ...] = ()
     server_defaults: Callable[[ServeSettings], dict[str, Any]] | None = None
     info: Callable[[LoadedModel], dict[str, Any]] | None = None
+    upload: Callable[[Upload, LoadedModel, Context], Awaitable[dict[str, Any]]] | None = None
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A multipart form's fields: the file (its bytes and name), the model, whether to return attention."""
+
+    data: bytes
+    filename: str
+    model: str | None = None
+    attention: bool = False
+
+
+# what each input kind's upload is, in a 422's words
+UPLOADS = {"patches": "an image (PNG, or NPY without pickle)", "spectrogram": "a WAV file (PCM)"}
+FORM_FIELDS = ("file", "model", "attention")
 
 
 # the requests ------------------------------------------------------------------------------------
@@ -381,6 +411,58 @@ async def _attention(body: AttentionRequest, m: LoadedModel, ctx: Context) -> di
             "attention": attention_json(attention)}
 
 
+async def _classify_upload(form: Upload, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    """An image's or a recording's label; with ``attention``, the [CLS] (or pooled) attention and
+    its rollout (``InputAttention.to_json``)."""
+    def work():
+        with _uploaded(form) as path:
+            row = classify_paths(m.model, [path], ctx.settings.batch_tokens, lambda i: "file")[0].tolist()
+            return prediction(label_names(m.model), row), _input_attention(m, path) if form.attention else None
+
+    answer, attention = await ctx.run(m, work)
+    return {"model": m.name, "predictions": [answer]} | ({"attention": attention} if form.attention else {})
+
+
+async def _transcribe(form: Upload, m: LoadedModel, ctx: Context) -> dict[str, Any]:
+    """A recording's transcript, decoded greedily (beam 1, as the speech configs decode); with
+    ``attention``, the decoder's cross-attention over the encoder's positions for each character."""
+    from ..tasks.transcribe import transcribe_paths
+
+    def work():
+        with _uploaded(form) as path:
+            if form.attention:
+                attention = _input_attention(m, path)
+                return attention["text"], attention
+            return transcribe_paths(m.model, m.tokenizer, [path], DecodeConfig(beam=1), where=lambda i: "file")[0][0]\
+                .text, None
+
+    text, attention = await ctx.run(m, work)
+    return {"model": m.name, "text": text} | ({"attention": attention} if form.attention else {})
+
+
+def _input_attention(m: LoadedModel, path: Path) -> dict[str, Any]:
+    """``capture_input_attention``'s numbers for the file at ``path``."""
+    from ..nn.inputs import read_inputs
+    from ..viz.attention import capture_input_attention
+
+    example = read_inputs(m.model.cfg.inputs, [path], lambda i: "file")[0]
+    return capture_input_attention(m.model, m.tokenizer, example).to_json()
+
+
+@contextmanager
+def _uploaded(form: Upload):
+    """The upload as a file in a temporary folder (its suffix kept: .npy is read as an array); an
+    AtencionError raised inside names the field ``file`` and the upload's name, not the folder."""
+    suffix = Path(form.filename).suffix.lower()
+    with tempfile.TemporaryDirectory(prefix="atencion-upload-") as folder:
+        path = Path(folder) / ("upload" + (suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""))
+        path.write_bytes(form.data)
+        try:
+            yield path
+        except AtencionError as err:
+            raise AtencionError(str(err).replace(f"{path}: ", f"{form.filename or 'upload'}: ")) from None
+
+
 def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
     """The endpoint of a task's use (tasks.USES): what it needs and which models can answer it
     come from the task's spec; a translator answers /translate only."""
@@ -402,9 +484,14 @@ MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
     _task_endpoint("generate", GenerateRequest, _generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
                    server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
     _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
-    _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)}),
+    _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)},
+                   upload=_classify_upload),
+    Endpoint("transcribe", None, tasks.USES["transcribe"].needs, lambda m: tasks.USES["transcribe"].can(m.model,
+                                                                                                       m.tokenizer),
+             None, upload=_transcribe),
     Endpoint("attention", AttentionRequest, "a GPT or a BERT (arch decoder or encoder; a translator's attention comes "
-             "with /translate and attention: true)", lambda m: m.arch in ("encoder", "decoder"), _attention),
+             "with /translate and attention: true)",
+             lambda m: m.arch in ("encoder", "decoder") and reads_tokens(m.model.cfg), _attention),
 )
 
 
@@ -509,11 +596,46 @@ def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[di
     of the wrong kind is told so, 400, before the fields are judged, 422); the body validated
     against the endpoint's schema; the handler's answer."""
     async def answer(request: Request) -> dict[str, Any]:
+        if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+            form = await _form(request)
+            m = ctx.model(form.model, endpoint)
+            if endpoint.upload is None or reads_tokens(m.model.cfg):
+                raise Refused(400, f"/{endpoint.name}: a file upload needs a model that reads images or recordings "
+                                   f"(inputs kind patches or spectrogram); model {m.name!r} reads text: send JSON")
+            if not form.data:
+                raise Refused(422, f"file: the upload {form.filename!r} is empty; expected "
+                                   f"{UPLOADS[input_kind(m.model.cfg).name]}")
+            return await endpoint.upload(form, m, ctx)
         data = await _json(request)
         name = data.get("model") if isinstance(data, dict) else None
         m = ctx.model(name if isinstance(name, str) else None, endpoint)
+        if endpoint.schema is None or not reads_tokens(m.model.cfg):
+            raise Refused(400, f"/{endpoint.name}: model {m.name!r} reads {input_kind(m.model.cfg).takes}: upload "
+                               f"{UPLOADS[input_kind(m.model.cfg).name]} as the multipart form field 'file'")
         return await endpoint.handler(_validate(endpoint.schema, data), m, ctx)
     return answer
+
+
+async def _form(request: Request) -> Upload:
+    """The multipart form of an upload (``FORM_FIELDS``); a 422 naming the field otherwise."""
+    try:
+        form = await request.form(max_files=1, max_fields=len(FORM_FIELDS))
+    except (HTTPException, ValueError) as err:
+        detail = getattr(err, "detail", None) or str(err)
+        raise Refused(422, f"the body is not a valid multipart form ({detail}); expected the fields "
+                           f"{', '.join(FORM_FIELDS)}") from None
+    unknown = [key for key in form.keys() if key not in FORM_FIELDS]
+    if unknown:
+        raise Refused(422, f"{unknown[0]}: unknown field; the form takes {', '.join(FORM_FIELDS)}")
+    upload, model, attention = form.get("file"), form.get("model"), form.get("attention", "false")
+    if upload is None or isinstance(upload, str):
+        raise Refused(422, "file: required field missing; expected a file upload (an image or a WAV file)")
+    if model is not None and not isinstance(model, str) or not isinstance(attention, str):
+        raise Refused(422, f"{'model' if not isinstance(model, str) else 'attention'}: expected text, got a file")
+    if attention.lower() not in ("true", "false"):
+        raise Refused(422, f"attention: expected true or false, got {attention[:20]!r}")
+    data = await upload.read()
+    return Upload(data, upload.filename or "", model, attention.lower() == "true")
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -635,7 +757,8 @@ def _describe(m: LoadedModel, settings: ServeSettings) -> dict[str, Any]:
     answers = m.answers
     described = {"name": m.name, "path": m.path, "arch": m.arch, "task": m.task,
                  "endpoints": ["/" + e.name for e in answers], "config": m.model.cfg.to_dict(),
-                 "vocab_size": {"source": m.tokenizer.src_vocab_size, "target": m.tokenizer.tgt_vocab_size},
+                 "vocab_size": None if m.tokenizer is None else {"source": m.tokenizer.src_vocab_size,
+                                                                 "target": m.tokenizer.tgt_vocab_size},
                  "parameters": m.model.num_parameters(),
                  "decoding": _defaults(answers[0], settings) if answers else {}}
     for e in answers:
