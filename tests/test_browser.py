@@ -285,3 +285,35 @@ def test_a_hugging_face_bert_s_heads_are_explored(page, tmp_path):
         assert page.inner_text("#translation") == "the cat sat on the mat."
     finally:
         srv.stop()
+
+
+def test_a_vits_uploaded_image_gets_its_label_and_rollout_heatmap(page, tmp_path):
+    """A ViT served: the page offers an image upload instead of a sentence; the PNG chosen goes to
+    /classify (multipart, attention=true) and its label and [CLS] rollout over the patch grid are
+    drawn: the cells the page draws are the rollout `capture_input_attention` computes."""
+    import numpy as np
+    from PIL import Image
+
+    from atencion.data.images import read_image
+    from atencion.nn.model_dir import save_model_dir
+    from atencion.viz.attention import capture_input_attention
+    from test_input_attention import _vit
+
+    model = _vit()
+    save_model_dir(tmp_path / "vit", model, None)
+    pixels = (np.random.default_rng(0).random((4, 6)) * 255).astype(np.uint8)
+    Image.fromarray(pixels, mode="L").save(tmp_path / "digit.png")
+    expected = capture_input_attention(model, None, read_image(tmp_path / "digit.png", 1, (4, 6)))
+    srv = Server(tmp_path / "vit", tmp_path / "server.log")
+    try:
+        page.goto(srv.url)
+        page.wait_for_selector("#upload-panel:not([hidden])")
+        assert page.locator("#error").is_hidden() and page.locator("#translate").is_disabled()
+        page.set_input_files("#upload-file", str(tmp_path / "digit.png"))
+        page.click("#upload")
+        page.wait_for_selector("#rollout-canvas")
+        cells = json.loads(page.get_attribute("#rollout-canvas", "data-cells"))
+        np.testing.assert_allclose(cells, expected.rollout[0, 1:], atol=1e-5)
+        assert len(cells) == 6 and page.inner_text("#upload-label").strip()
+    finally:
+        srv.stop()

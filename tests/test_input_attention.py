@@ -164,3 +164,12 @@ def test_a_speech_to_text_models_cross_attention_has_a_row_per_character_it_writ
     assert cross.shape[2] == len(data["cross"]["rows"]) and cross.shape[3] == len(data["positions"])
     np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-4)
     np.testing.assert_allclose(data["cross_last_layer_mean"], cross[-1].mean(0), atol=1e-4)
+
+
+def test_the_spectrogram_figure_keeps_a_row_for_each_letter_even_when_a_letter_repeats():
+    from atencion.viz.plots import spectrogram_attention_figure
+
+    rows = [(letter, np.random.default_rng(i).random(5)) for i, letter in enumerate(["s", "e", "v", "e", "n"])]
+    fig = spectrogram_attention_figure(np.zeros((8, 10)), rows, "seven")
+    labels = [tick.get_text() for tick in fig.axes[1].get_yticklabels()]
+    assert labels == ["s", "e", "v", "e", "n"]

@@ -131,14 +131,15 @@ def image_attention_figure(image: np.ndarray, maps: dict[str, np.ndarray], grid:
     return fig
 
 
-def spectrogram_attention_figure(frames: np.ndarray, rows: dict[str, np.ndarray], title: str,
+def spectrogram_attention_figure(frames: np.ndarray, rows: list[tuple[str, np.ndarray]], title: str,
                                  ylabel: str = "") -> Figure:
     """The log-mel spectrogram (n_mels, frames) on top and, under it on the same time axis, one
-    heatmap whose rows are ``rows`` (label → weights over the encoder positions, each two frames
-    after the stride-2 convolution), each row on its own 0–max scale."""
+    heatmap whose rows are ``rows`` ((label, weights over the encoder positions, each two frames
+    after the stride-2 convolution), in order; a label may repeat, as a word's letters do), each
+    row on its own 0–max scale."""
     n_frames = frames.shape[1]
-    labels = list(rows)
-    matrix = np.stack([rows[label] / max(float(rows[label].max()), 1e-12) for label in labels])
+    labels = [label for label, _ in rows]
+    matrix = np.stack([values / max(float(values.max()), 1e-12) for _, values in rows])
     positions = matrix.shape[1]
     fig = Figure(figsize=(7.0, 2.6 + 0.28 * len(labels)), layout="constrained")
     FigureCanvasAgg(fig)

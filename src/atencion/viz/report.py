@@ -192,11 +192,11 @@ def input_attention_figure(attention: InputAttention):
         maps = {f"{pooled} {label}" if label != "rollout" else "rollout": values[1:] for label, values in rows.items()}
         return image_attention_figure(attention.features, maps, attention.grid)
     if attention.kind == "spectrogram":
-        return spectrogram_attention_figure(attention.features, rows, f"{pooled} attention over the frames "
-                                                                      f"(last layer; rollout)")
+        return spectrogram_attention_figure(attention.features, list(rows.items()),
+                                            f"{pooled} attention over the frames (last layer; rollout)")
     cross = attention.cross
     mean = cross.mean(cross.weights.shape[0] - 1)
-    return spectrogram_attention_figure(attention.features, dict(zip(cross.rows, mean)),
+    return spectrogram_attention_figure(attention.features, list(zip(cross.rows, mean)),
                                         f"cross-attention of {attention.text!r} (last layer, mean of the heads)",
                                         "written")
 

@@ -2,7 +2,9 @@
 // the server returns (encoder self-attention, decoder masked self-attention, cross-attention) as a
 // layers × heads grid of small heatmaps, one head enlarged with its tokens, and the word alignment
 // implied by the mean cross-attention. A GPT's or a BERT's self-attention over the text comes from
-// POST /attention and is drawn the same way. Plain ES2020, no libraries: the page must work offline.
+// POST /attention and is drawn the same way. For a ViT, an image file uploaded to POST /classify
+// (multipart, attention=true) comes back with its label and its [CLS] attention rollout, drawn
+// over the patch grid on the image. Plain ES2020, no libraries: the page must work offline.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -20,13 +22,15 @@ const state = {
 // ---------------------------------------------------------------------------------------------
 // talking to the server
 
-// GET (no body) or POST (JSON body) a path relative to the page; resolves to the JSON answer,
-// rejects with an Error whose message is the server's {"error": ...} text.
+// GET (no body) or POST (a JSON body, or a FormData as a multipart form) a path relative to the
+// page; resolves to the JSON answer, rejects with an Error whose message is the server's {"error": ...} text.
 async function api(path, body) {
   const headers = { Accept: "application/json" };
   if (KEY) headers["X-API-Key"] = KEY;
   const options = { method: body === undefined ? "GET" : "POST", headers };
-  if (body !== undefined) {
+  if (body instanceof FormData) {
+    options.body = body;  // the browser sets the multipart Content-Type with its boundary
+  } else if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
   }
@@ -77,6 +81,7 @@ async function init() {
     event.preventDefault(); // Enter in any field submits the form
     translate();
   });
+  $("upload").addEventListener("click", classifyImage);
   $("kind").addEventListener("change", renderAttention);
   $("units").addEventListener("change", renderAttention);
   $("sentence").focus();
@@ -91,8 +96,10 @@ function describeModel() {
   // The page explores translations, and a GPT's or a BERT's self-attention (/attention); another
   // kind of model is named with its endpoints instead.
   const translator = m.task === "translate";
-  const explores = translator || m.endpoints.includes("/attention");
-  $("translate").disabled = !explores;
+  const images = Boolean(c.inputs && c.inputs.kind === "patches");  // a ViT: an uploaded image's rollout
+  $("upload-panel").hidden = !images;
+  const explores = translator || m.endpoints.includes("/attention") || images;
+  $("translate").disabled = !explores || images;
   $("translate").textContent = translator ? "Translate" : "Show attention";
   $("beam").disabled = $("nbest-size").disabled = !translator;
   showError(explores ? "" : `${m.name} is a model of task ${m.task}: this page explores translators, ` +
@@ -140,6 +147,66 @@ async function translate() {
     attention: true,
   };
   await ask("translating…", "translate", body, answer => answer.translations[0]);
+}
+
+// An image file to POST /classify with attention=true; its label, and its rollout over the image.
+async function classifyImage() {
+  const file = $("upload-file").files[0];
+  showError("");
+  if (!file) {
+    showError("choose an image file (PNG or NPY) first");
+    return;
+  }
+  const form = new FormData();
+  form.append("file", file);
+  form.append("model", model().name);
+  form.append("attention", "true");
+  $("upload").disabled = true;
+  $("upload-status").textContent = "classifying…";
+  try {
+    const answer = await api("classify", form);
+    const best = answer.predictions[0];
+    $("upload-label").textContent = `${best.label} (${(100 * best.probability).toFixed(1)}%)`;
+    $("upload-status").textContent = answer.model;
+    await renderRollout(file, answer.attention);
+  } catch (err) {
+    $("upload-status").textContent = "";
+    showError(err.message);
+  } finally {
+    $("upload").disabled = false;
+  }
+}
+
+// The rollout's [CLS] row without [CLS] (the patches, row-major over the grid) as cells over the
+// picture (a PNG; an NPY array is not drawn, its cells alone are), each on the min–max scale.
+async function renderRollout(file, attention) {
+  const [rows, cols] = attention.grid;
+  const cells = attention.rollout.slice(1);
+  const low = Math.min(...cells);
+  const span = Math.max(...cells) - low || 1;
+  const size = 256;
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = size;
+  canvas.id = "rollout-canvas";
+  const context = canvas.getContext("2d");
+  let alpha = 1;
+  if (!file.name.toLowerCase().endsWith(".npy")) {
+    try {
+      const picture = await createImageBitmap(file);
+      context.imageSmoothingEnabled = false;
+      context.drawImage(picture, 0, 0, size, size);
+      alpha = 0.6;
+    } catch (err) {
+      alpha = 1;  // the server read it; the browser cannot draw it: the cells alone
+    }
+  }
+  cells.forEach((w, k) => {
+    const [r, g, b] = colour((w - low) / span);
+    context.fillStyle = `rgba(${r}, ${g}, ${b}, ${alpha})`;
+    context.fillRect((k % cols) * size / cols, Math.floor(k / cols) * size / rows, size / cols, size / rows);
+  });
+  canvas.dataset.cells = JSON.stringify(cells);
+  $("rollout").replaceChildren(canvas);
 }
 
 // ---------------------------------------------------------------------------------------------
