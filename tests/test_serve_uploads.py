@@ -123,3 +123,12 @@ def test_json_to_a_model_that_reads_files_is_told_to_upload_one(client):
     r = client.post("/transcribe", json={"model": "stt"})
     assert r.status_code == 400 and "upload a WAV file" in r.json()["error"]
     assert client.get("/health").status_code == 200
+
+
+def test_info_lists_each_models_endpoints_the_upload_ones_included(client):
+    client, _ = client
+    r = client.get("/info")
+    assert r.status_code == 200, r.text
+    endpoints = {m["name"]: m["endpoints"] for m in r.json()["models"]}
+    assert endpoints == {"vit": ["/classify"], "speech": ["/classify"], "stt": ["/transcribe"]}
+    assert r.json()["models"][0]["vocab_size"] is None  # a ViT has no tokenizer

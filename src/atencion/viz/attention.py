@@ -42,6 +42,12 @@ model's stream has them, and what it generates greedily after them; its maps are
 are bidirectional. A character tokenizer's whitespace is labelled ␣ (space), ⏎ (newline) and
 ⇥ (tab); in words, a character model's word starts at a whitespace character, as a SentencePiece
 word starts at "▁".
+
+A model that reads images (a ViT) or recordings (a speech classifier, a speech-to-text model)
+is captured by ``capture_input_attention``: its encoder's self-attention, its attention rollout
+(Abnar and Zuidema 2020, ``attention_rollout``), what its head pools ([CLS], or the mean of the
+rows), and a speech-to-text model's cross-attention over the encoder positions for each
+character of its own (greedy) transcript.
 """
 
 from __future__ import annotations
