@@ -20,7 +20,8 @@ Seams for what comes next:
   every architecture module so that the table is full whatever was imported first;
 - ``directory_kind`` tells an atencion directory from a Hugging Face one (config.json with a
   ``model_type``) and from a directory of several towers (``towers.json``, as CLIP's image and
-  text encoders); ``load_model`` reads the first two and says in one line what the third is.
+  text encoders); ``load_model`` reads all three (a towers directory through nn/towers.py's
+  ``load_towers``), ``load_config`` the first two (a towers directory has one config per tower).
   A kind of directory another library writes is read by the module that knows that library's
   names (``READERS``: a Hugging Face directory by interop/hf_dir.py, which maps each family's
   tensors onto atencion's); that module sits above nn, so it is imported on first use, as
@@ -188,8 +189,8 @@ def _reader(directory: Path):
     directory. A directory of several towers is refused in one line."""
     kind = directory_kind(directory)
     if kind == "towers":
-        raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model; "
-                            f"give one tower's directory")
+        raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model: it has one "
+                            f"config per tower; give one tower's directory")
     return import_module(READERS[kind], __package__) if kind in READERS else None
 
 
@@ -234,6 +235,14 @@ def load_model(directory: str | os.PathLike, map_location: str | torch.device = 
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingFileError(f"{directory}: model directory not found")
+    if directory_kind(directory) == "towers":
+        from .towers import load_towers  # it imports this module
+
+        model = load_towers(directory, map_location)
+        if expect is not None and not isinstance(model, expect):
+            raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not a "
+                                f"{expect.__name__}")
+        return model.to(map_location, dtype) if dtype is not None else model
     reader = _reader(directory)
     if reader is not None:
         model = reader.read_model(directory)
@@ -416,6 +425,8 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     model = load_model(path, map_location=resolve_device(device), dtype=dtype).eval()
     if merge:
         merge_lora(model)
+    if directory_kind(path) == "towers":  # towers of images and sounds: no vocabulary (nn/towers.py)
+        return model, None
     if not has_vocabulary(model.cfg):
         return (quantize_int8(model) if int8 else model), None
     tokenizer = Tokenizer.load(path)

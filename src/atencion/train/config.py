@@ -275,7 +275,11 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     if not isinstance(model.get("preset", ""), str):
         raise AtencionError(f"{source}: model.preset must be a preset name, got {model['preset']!r}")
     bad = sorted(set(model) - MODEL_KEYS)
-    if bad:
+    if task == "contrastive":  # two towers, each its own model section (tasks/contrastive.py)
+        from ..tasks.contrastive import check_model_section
+
+        check_model_section(model, source)
+    elif bad:
         raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
                          + f"; known model keys: {sorted(MODEL_KEYS)}")
     sections = {}
@@ -410,6 +414,17 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if t.distributed == "fsdp":
             raise AtencionError(f"{source}: train.lora trains under train.distributed ddp only (its adapters are "
                                 f"small: sharding them saves little)")
+    if cfg.task == "contrastive":  # each tower's section, checked now as a model section is (tasks/contrastive.py)
+        from ..tasks.contrastive import tower_configs
+
+        if t.init_from is not None or t.lora is not None:
+            raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from and train.lora "
+                                f"are for the single-model tasks")
+        try:
+            tower_configs(cfg)
+        except AtencionError as err:
+            raise AtencionError(f"{source}: {err}") from None
+        return
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written

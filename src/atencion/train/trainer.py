@@ -592,6 +592,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
+    if cfg.task == "contrastive":  # two towers, trained by their task's own loop (tasks/contrastive.py)
+        from ..tasks.contrastive import train_towers
+
+        return train_towers(cfg, out_dir, resume)
     with remembering_ctrl_c():
         try:
             trainer = Trainer(cfg, out_dir, resume, command)
