@@ -208,6 +208,19 @@ def test_a_short_run_lowers_the_loss_and_writes_the_towers(trained):
     assert json.loads((trained / "best" / "towers.json").read_text())["towers"] == ["image", "audio"]
 
 
+def test_a_resumed_run_repeats_the_unbroken_one(trained, data, tmp_path, capsys):
+    out = tmp_path / "clip"
+    assert main(["train", str(data / "clip.yaml"), "--out", str(out), "--set", "train.max_steps=30"]) in (0, None)
+    assert main(["train", str(data / "clip.yaml"), "--out", str(out), "--resume"]) in (0, None)
+    capsys.readouterr()
+    whole, resumed = load_towers(trained / "last"), load_towers(out / "last")
+    for name, param in whole.named_parameters():
+        assert torch.equal(param, resumed.get_parameter(name)), name
+    losses = [json.loads(line).get("loss") for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [x for x in losses if x is not None] == \
+        [json.loads(line)["loss"] for line in (trained / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+
+
 def test_evaluate_prints_zero_shot_accuracy_and_recall_both_ways_beside_chance(trained, data, capsys):
     status, out, err = run(["evaluate", "--model", str(trained / "best"), "--tsv", str(data / "images_test.tsv"),
                             "--other-tsv", str(data / "sounds_test.tsv"),

@@ -78,14 +78,18 @@ class Towers(nn.Module):
                 "log_scale": self.log_scale.item()}
 
 
-def save_towers(model: Towers, directory: str | os.PathLike) -> None:
-    """Write towers.json and each tower's model directory into ``directory``, atomically."""
-    def fill(tmp: Path) -> None:
-        for name, tower in model.towers.items():
-            save_model(tower, tmp / name)
-        (tmp / TOWERS_FILE).write_text(json.dumps(model.record(), indent=2) + "\n", encoding="utf-8")
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write towers.json and each tower's model directory into ``directory`` (as a checkpoint's
+        model is written, inside its temporary directory; ``save_towers`` writes atomically)."""
+        directory = Path(directory)
+        for name, tower in self.towers.items():
+            save_model(tower, directory / name)
+        (directory / TOWERS_FILE).write_text(json.dumps(self.record(), indent=2) + "\n", encoding="utf-8")
 
-    atomic_directory(directory, fill)
+
+def save_towers(model: Towers, directory: str | os.PathLike) -> None:
+    """Write the towers directory ``directory`` atomically."""
+    atomic_directory(directory, model.save)
 
 
 def read_towers_file(directory: Path) -> dict:
