@@ -113,7 +113,7 @@ def test_a_towers_directory_saves_and_loads_with_the_same_outputs(tmp_path):
     save_towers(model, tmp_path / "towers")
     assert sorted(p.name for p in (tmp_path / "towers").iterdir()) == ["audio", "image", "towers.json"]
     for loaded in (load_towers(tmp_path / "towers"), load_model(tmp_path / "towers"),
-                   load_model_dir(tmp_path / "towers")[0]):
+                   load_model_dir(tmp_path / "towers", towers=True)[0]):
         assert loaded.names == ["image", "audio"] and loaded.log_scale.item() == 3.0
         images, frames, lengths = torch.randn(2, 1, 4, 4), torch.randn(2, 8, 10), torch.tensor([10, 6])
         with torch.no_grad():
@@ -241,6 +241,12 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(trained, data, capsys, 
     status, out, err = run(["evaluate", "--model", str(trained / "best"), "--tsv", str(bad), "--other-tsv",
                             str(data / "sounds_test.tsv"), "--centroid-tsv", str(data / "sounds_train.tsv")], capsys)
     assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and "bad.tsv line 1" in err
+    status, out, err = run(["classify", "--model", str(trained / "best"), "--input", str(data / "images_test.tsv")],
+                           capsys)
+    assert status == 2 and out == "" and "several towers" in err and len(err.strip().splitlines()) == 1
+    status, _, err = run(["export", "--model", str(trained / "best"), "--format", "hf", "--out", str(tmp_path / "x")],
+                         capsys)
+    assert status == 2 and "several towers" in err and not (tmp_path / "x").exists()
     status, _, err = run(["evaluate", "--model", str(trained / "best"), "--tsv", str(data / "images_test.tsv")],
                          capsys)
     assert status == 2 and "--other-tsv F" in err and len(err.strip().splitlines()) == 1

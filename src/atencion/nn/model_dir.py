@@ -411,13 +411,19 @@ def has_vocabulary(cfg: ModelConfig) -> bool:
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
                    what: str = "--model", merge: bool = True,
-                   dtype: torch.dtype | None = torch.float32) -> tuple[nn.Module, Tokenizer | None]:
+                   dtype: torch.dtype | None = torch.float32,
+                   towers: bool = False) -> tuple[nn.Module, Tokenizer | None]:
     """The model (in eval mode) and tokenizer of the model directory ``path``, atencion's or
     Hugging Face's (converted); ``what`` names the option it came from in messages. The
     tokenizer's vocabularies must be the model's; a model without a vocabulary (``has_vocabulary``)
     has no tokenizer: None. The LoRA adapters of an adapted model are folded into its weights
-    unless ``merge`` is False. ``dtype``: that of the model's tensors (None: as stored)."""
+    unless ``merge`` is False. ``dtype``: that of the model's tensors (None: as stored). A towers
+    directory (nn/towers.py) is read only when ``towers`` (its ``Towers``, no tokenizer), and
+    otherwise refused in one line: the commands of one model cannot use it."""
     path = need_dir(path, what)
+    if directory_kind(path) == "towers" and not towers:
+        raise AtencionError(f"{what} {path}: a directory of several towers ({TOWERS_FILE}, task contrastive); "
+                            f"this command takes one model: score towers with atencion evaluate")
     tokenizer_files = any((path / name).is_file() for name in (INFO_FILE, "source.spm"))
     if directory_kind(path) == "huggingface" and not tokenizer_files and has_vocabulary(load_config(path)):
         raise MissingFileError(f"{path / INFO_FILE}: not found; a Hugging Face model directory needs its tokenizer "

@@ -351,7 +351,7 @@ def evaluate_towers_dir(model: str, options: dict[str, Any], warn=None) -> dict:
     """`atencion evaluate` for towers: --tsv (the first tower's test files), --other-tsv (the
     second tower's) and --centroid-tsv (the second tower's labelled files whose label means
     classify the first's: its training items), each label<TAB>path."""
-    loaded, _ = load_model_dir(model, options.get("device", "cpu"))
+    loaded, _ = load_model_dir(model, options.get("device", "cpu"), towers=True)
     a, b = loaded.names
     settings = {name: loaded.towers[name].cfg.inputs for name in loaded.names}
     centroid = read_labelled_files(settings[b], options["centroid_tsv"], None, "--centroid-tsv")
