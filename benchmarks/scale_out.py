@@ -48,7 +48,7 @@ def worker(rank: int, world: int, port: int, setting: dict, out: str) -> None:
     from atencion.nn.model_dir import build_model
     from atencion.train.config import OptimConfig
     from atencion.train.distributed import Dist, Parallel, set_activation_checkpointing
-    from atencion.train.trainer import build_optimizer
+    from atencion.train.schedule import build_optimizer
 
     torch.set_num_threads(setting["threads"])
     dist.init_process_group("gloo")

@@ -13,7 +13,8 @@ import torch
 from atencion.config import ARCHS, PRESETS, ModelConfig
 from atencion.errors import AtencionError
 from atencion.nn.model_dir import ARCHS as REGISTERED
-from atencion.nn.model_dir import TOWERS_FILE, build_model, directory_kind, load_model
+from atencion.nn.model_dir import TOWERS_FILE, build_model, directory_kind, load_config, load_model
+from atencion.nn.towers import Towers
 from atencion.tasks import TASKS, USES, model_task
 
 
@@ -40,14 +41,16 @@ def test_a_hugging_face_directory_is_told_apart_and_read_as_the_model_from_hf_gi
     assert torch.equal(loaded(ids), converted(ids))
 
 
-def test_a_directory_of_towers_is_told_apart_and_refused_in_one_line(tmp_path):
+def test_a_directory_of_towers_is_told_apart_its_towers_json_checked_and_it_has_no_single_config(tmp_path):
     model = build_model(ModelConfig.preset("tiny", vocab_size=50, arch="encoder"))
     model.save(tmp_path / "clip" / "text")
     (tmp_path / "clip" / TOWERS_FILE).write_text(json.dumps({"text": "text"}), encoding="utf-8")
     assert directory_kind(tmp_path / "clip") == "towers"
     assert directory_kind(tmp_path / "clip" / "text") == "atencion"
-    with pytest.raises(AtencionError, match="a directory of several towers"):
+    with pytest.raises(AtencionError, match="towers.json: expected"):  # loaded by nn/towers.py (tests/test_clip.py)
         load_model(tmp_path / "clip")
+    with pytest.raises(AtencionError, match="a directory of several towers"):
+        load_config(tmp_path / "clip")
 
 
 def test_the_task_is_saved_in_config_json_and_read_back_before_any_guess(tmp_path):
@@ -69,13 +72,17 @@ def test_each_task_spec_is_whole(name):
     spec = TASKS[name]
     assert spec.training.name == name
     # a preset whose encoder reads no tokens (whisper-tiny: recordings) has the decoder's vocabulary only
-    vocabulary = {"tgt_vocab_size": 50} if PRESETS[spec.preset].get("vocab_size") == 0 else {"vocab_size": 50}
+    # and one of images (vit-tiny) none
+    vocabulary = {"vocab_size": 50} if PRESETS[spec.preset].get("vocab_size") != 0 else \
+        {"tgt_vocab_size": 50} if PRESETS[spec.preset].get("arch") == "encoder-decoder" else {}
     assert ModelConfig.preset(spec.preset, **vocabulary).arch in spec.archs
     assert USES[spec.use] is spec
     assert set(spec.evaluate_required) <= set(spec.evaluate_options)
     torch.manual_seed(0)
-    model = build_model(ModelConfig.preset(spec.preset, **vocabulary, task=name,
-                                           **({"num_labels": 2} if name == "classify" else {})))
+    heads = {"num_labels": 2} if name in ("classify", "contrastive") else {}
+    model = build_model(ModelConfig.preset(spec.preset, **vocabulary, task=name, **heads))
+    if name == "contrastive":  # two towers (nn/towers.py), each projecting to num_labels
+        model = Towers({"a": model, "b": build_model(model.cfg)})
 
     class Masked:  # a tokenizer as far as the capabilities look at one
         mask_id = 4

@@ -298,7 +298,11 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "max_positions)")
     p.add_argument("--tsv", help="classifier: label<TAB>text rows (a first line whose label is no label of the "
                                  "model is a header, as in training); speech-to-text model: text<TAB>path.wav rows "
-                                 "(paths relative to the TSV's folder)")
+                                 "(paths relative to the TSV's folder); towers (task contrastive): the first "
+                                 "tower's label<TAB>path test rows")
+    p.add_argument("--other-tsv", help="towers: the second tower's label<TAB>path test rows (retrieval both ways)")
+    p.add_argument("--centroid-tsv", help="towers: the second tower's labelled rows whose mean embedding per label "
+                                          "classifies the first tower's items zero-shot (e.g. its training rows)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -318,6 +322,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     A speech-to-text model (task transcribe) reads --tsv, text<TAB>path.wav rows: it transcribes
     the recordings (--beam, --alpha, ... as for a translator) and gives exact_match, bleu, bleu_tok
     and chrf against the texts.
+    Towers (task contrastive) read --tsv (the first tower's test files), --other-tsv (the second's)
+    and --centroid-tsv: zero_shot_accuracy (nearest label centroid of --centroid-tsv), Recall@1
+    both ways (an item of the same label counts), each beside its chance.
     An option for another kind of model is refused."""
     from .tasks import evaluate
 

@@ -132,12 +132,14 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     from ..data.tokenizer import INFO_FILE, Tokenizer
     from ..fileio import need_dir, need_output_dir
     from ..nn.lora import merge_lora
+    from ..nn.model import Model
     from ..nn.model_dir import check_vocabularies, load_model
 
     need_dir(model_dir, "--model")
     need_output_dir(out, "--out")
     _writer(fmt)  # an unknown format fails before anything is loaded
-    model = merge_lora(load_model(model_dir))  # a LoRA model is exported with its adapters folded in
+    # one model (towers, nn/towers.py, are refused); a LoRA model is exported with its adapters folded in
+    model = merge_lora(load_model(model_dir, expect=Model))
     tokenizer = None
     if (Path(model_dir) / INFO_FILE).is_file() or (Path(model_dir) / MARIAN_FILES[0]).is_file():
         tokenizer = Tokenizer.load(model_dir)

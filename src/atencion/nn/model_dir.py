@@ -20,7 +20,8 @@ Seams for what comes next:
   every architecture module so that the table is full whatever was imported first;
 - ``directory_kind`` tells an atencion directory from a Hugging Face one (config.json with a
   ``model_type``) and from a directory of several towers (``towers.json``, as CLIP's image and
-  text encoders); ``load_model`` reads the first two and says in one line what the third is.
+  text encoders); ``load_model`` reads all three (a towers directory through nn/towers.py's
+  ``load_towers``), ``load_config`` the first two (a towers directory has one config per tower).
   A kind of directory another library writes is read by the module that knows that library's
   names (``READERS``: a Hugging Face directory by interop/hf_dir.py, which maps each family's
   tensors onto atencion's); that module sits above nn, so it is imported on first use, as
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -63,6 +65,7 @@ from ..fileio import (
 )
 from .lora import KEYS, LoraSpec, apply_lora, merge_lora, trainable_state
 from .quantize import quantize_int8
+from .towers import LOG_SCALE_MAX, Towers
 
 # A model is an nn.Module here: nn/model.py imports this module (Model.save, Model.load).
 
@@ -188,8 +191,8 @@ def _reader(directory: Path):
     directory. A directory of several towers is refused in one line."""
     kind = directory_kind(directory)
     if kind == "towers":
-        raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model; "
-                            f"give one tower's directory")
+        raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not one model: it has one "
+                            f"config per tower; give one tower's directory")
     return import_module(READERS[kind], __package__) if kind in READERS else None
 
 
@@ -205,11 +208,17 @@ def load_config(directory: str | os.PathLike) -> ModelConfig:
 
 def save_model(model: nn.Module, directory: str | os.PathLike) -> None:
     """Write config.json and model.safetensors into ``directory`` (each atomically); a model with
-    LoRA adapters writes adapters.safetensors and lora.json instead of its weights."""
+    LoRA adapters writes adapters.safetensors and lora.json instead of its weights; towers
+    (nn/towers.py) write towers.json and a model directory per tower."""
     from safetensors.torch import save
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, Towers):
+        for name, tower in model.towers.items():
+            save_model(tower, directory / name)
+        atomic_write_text(directory / TOWERS_FILE, json.dumps(model.record(), indent=2) + "\n")
+        return
     if model.lora is not None:
         _save_adapters(model, directory)
         return
@@ -234,6 +243,12 @@ def load_model(directory: str | os.PathLike, map_location: str | torch.device = 
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingFileError(f"{directory}: model directory not found")
+    if directory_kind(directory) == "towers":
+        model = load_towers(directory, map_location)
+        if expect is not None and not isinstance(model, expect):
+            raise AtencionError(f"{directory}: a directory of several towers ({TOWERS_FILE}), not a "
+                                f"{expect.__name__}")
+        return model.to(map_location, dtype) if dtype is not None else model
     reader = _reader(directory)
     if reader is not None:
         model = reader.read_model(directory)
@@ -402,13 +417,19 @@ def has_vocabulary(cfg: ModelConfig) -> bool:
 
 def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = False,
                    what: str = "--model", merge: bool = True,
-                   dtype: torch.dtype | None = torch.float32) -> tuple[nn.Module, Tokenizer | None]:
+                   dtype: torch.dtype | None = torch.float32,
+                   towers: bool = False) -> tuple[nn.Module, Tokenizer | None]:
     """The model (in eval mode) and tokenizer of the model directory ``path``, atencion's or
     Hugging Face's (converted); ``what`` names the option it came from in messages. The
     tokenizer's vocabularies must be the model's; a model without a vocabulary (``has_vocabulary``)
     has no tokenizer: None. The LoRA adapters of an adapted model are folded into its weights
-    unless ``merge`` is False. ``dtype``: that of the model's tensors (None: as stored)."""
+    unless ``merge`` is False. ``dtype``: that of the model's tensors (None: as stored). A towers
+    directory (nn/towers.py) is read only when ``towers`` (its ``Towers``, no tokenizer), and
+    otherwise refused in one line: the commands of one model cannot use it."""
     path = need_dir(path, what)
+    if directory_kind(path) == "towers" and not towers:
+        raise AtencionError(f"{what} {path}: a directory of several towers ({TOWERS_FILE}, task contrastive); "
+                            f"this command takes one model: score towers with atencion evaluate")
     tokenizer_files = any((path / name).is_file() for name in (INFO_FILE, "source.spm"))
     if directory_kind(path) == "huggingface" and not tokenizer_files and has_vocabulary(load_config(path)):
         raise MissingFileError(f"{path / INFO_FILE}: not found; a Hugging Face model directory needs its tokenizer "
@@ -416,6 +437,8 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu", int8: bool = Fa
     model = load_model(path, map_location=resolve_device(device), dtype=dtype).eval()
     if merge:
         merge_lora(model)
+    if directory_kind(path) == "towers":  # towers of images and sounds: no vocabulary (nn/towers.py)
+        return model, None
     if not has_vocabulary(model.cfg):
         return (quantize_int8(model) if int8 else model), None
     tokenizer = Tokenizer.load(path)
@@ -484,3 +507,55 @@ def check_vocabularies(path: Path, model: nn.Module, tokenizer: Tokenizer) -> No
             raise AtencionError(f"{path / INFO_FILE}: the {side} tokenizer has {pieces} pieces but "
                                 f"{path / CONFIG_FILE} line {json_line(path / CONFIG_FILE, shown)} gives the "
                                 f"model {size}; the files come from different runs")
+
+
+# a directory of several towers (CLIP: nn/towers.py) ------------------------------------------
+
+
+def save_towers(model: Towers, directory: str | os.PathLike) -> None:
+    """Write the towers directory ``directory`` atomically: towers.json and each tower's model
+    directory (nn/towers.py)."""
+    atomic_directory(directory, lambda tmp: save_model(model, tmp))
+
+
+def read_towers_file(directory: Path) -> dict:
+    """towers.json of ``directory``, checked: any fault is one line naming the file."""
+    path = directory / TOWERS_FILE
+    expected = ('expected {"task": NAME, "towers": [two or more directory names], "projection": WIDTH, '
+                '"log_scale": NUMBER}')
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: not found") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise AtencionError(f"{path}: not readable JSON ({str(err).splitlines()[0]}); {expected}") from None
+    if not isinstance(record, dict) or set(record) != {"task", "towers", "projection", "log_scale"}:
+        raise AtencionError(f"{path}: {expected}")
+    names, width, scale = record["towers"], record["projection"], record["log_scale"]
+    if not (isinstance(names, list) and len(names) >= 2 and len(set(names)) == len(names)
+            and all(isinstance(n, str) and n and n == Path(n).name and not n.startswith(".") for n in names)):
+        raise AtencionError(f"{path}: towers must list two or more distinct directory names, got {names!r}")
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise AtencionError(f"{path}: projection must be a positive integer, got {width!r}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) \
+            or scale > LOG_SCALE_MAX + 1e-6:
+        raise AtencionError(f"{path}: log_scale must be a finite number at most log 100, got {scale!r}")
+    if not isinstance(record["task"], str):
+        raise AtencionError(f"{path}: task must be a task's name, got {record['task']!r}")
+    return record
+
+
+def load_towers(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Towers:
+    """The towers saved by ``save_towers`` in ``directory``; each tower must project to the
+    width towers.json gives."""
+    directory = Path(directory)
+    record = read_towers_file(directory)
+    towers = {}
+    for name in record["towers"]:
+        tower = load_model(directory / name, map_location)
+        if tower.cfg.num_labels != record["projection"] or tower.cfg.arch != "encoder":
+            raise AtencionError(f"{directory / name / 'config.json'}: expected an encoder projecting to "
+                                f"{record['projection']} (towers.json), got arch {tower.cfg.arch!r} with "
+                                f"num_labels {tower.cfg.num_labels}")
+        towers[name] = tower
+    return Towers(towers, record["log_scale"], record["task"]).to(map_location)

@@ -9,6 +9,7 @@ side by side as x-transformers keeps a wrapper's loss and its ``generate``.
     mlm         a BERT by masking                                    → fill-mask
     classify    a label per sentence, over an encoder or a decoder   → classify
     transcribe  speech to text: an encoder-decoder reading recordings → transcribe
+    contrastive two towers (CLIP) over two modalities' pairs          → evaluate (zero-shot, retrieval)
 
 The training configuration (train/config.py), the trainer, `atencion evaluate` and the server
 read ``TASKS`` instead of keeping tables of their own. The task a model was trained for is saved
@@ -25,8 +26,8 @@ from typing import Any
 
 from ..errors import AtencionError
 from ..fileio import need_dir
-from ..nn.model_dir import load_config
-from . import classify, lm, mlm, transcribe, translate  # noqa: F401  (each registers its SPEC)
+from ..nn.model_dir import directory_kind, load_config, read_towers_file
+from . import classify, contrastive, lm, mlm, transcribe, translate  # noqa: F401  (each registers its SPEC)
 from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
 
 __all__ = ["TASKS", "USES", "Task", "TaskBatch", "TaskSpec", "check_model", "describe", "evaluate", "make_task",
@@ -45,13 +46,21 @@ def evaluate(model: str, warn=None, **options: Any) -> dict:
     max_input_tokens, decode, ...; None: not given): one that belongs to another task's models
     is refused, as is a missing one the task needs."""
     model_dir = need_dir(model, "--model")
-    cfg = load_config(model_dir)
-    spec = TASKS[model_task(cfg)]
+    if directory_kind(model_dir) == "towers":  # several towers, one config each (nn/towers.py)
+        task = read_towers_file(model_dir)["task"]
+        if task not in TASKS:
+            raise AtencionError(f"{model_dir}/towers.json: task {task!r} is not a task of atencion; known: "
+                                f"{list(TASKS)}")
+        spec = TASKS[task]
+        what = spec.kind
+    else:
+        cfg = load_config(model_dir)
+        spec, what = TASKS[model_task(cfg)], describe(cfg)
     for option in dict.fromkeys(o for s in TASKS.values() for o in s.evaluate_options):
         if options.get(option) is not None and option not in spec.evaluate_options:
             kinds = " or ".join(s.kind for s in TASKS.values() if option in s.evaluate_options)
-            raise AtencionError(f"{flag(option)} is for {kinds}; --model {model} is {describe(cfg)}: give "
+            raise AtencionError(f"{flag(option)} is for {kinds}; --model {model} is {what}: give "
                                 f"{spec.evaluate_needs}")
     if any(options.get(option) is None for option in spec.evaluate_required):
-        raise AtencionError(f"--model {model} is {describe(cfg)}: give {spec.evaluate_needs}")
+        raise AtencionError(f"--model {model} is {what}: give {spec.evaluate_needs}")
     return {"task": spec.name, **spec.evaluate(model, options, warn)}

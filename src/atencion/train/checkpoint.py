@@ -22,7 +22,7 @@ from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_directory, atomic_write_text, need_dir
 from ..nn.lora import merge_lora
 from ..nn.model import Model
-from ..nn.model_dir import load_model, load_model_dir
+from ..nn.model_dir import load_model, load_model_dir, save_model
 
 OPTIMIZER_FILE, RNG_FILE, STATE_FILE = "optimizer.safetensors", "rng.safetensors", "trainer_state.json"
 # A training run's directory: RUN_FILE marks it as one (written first), the rest is what a run writes.
@@ -68,11 +68,11 @@ def save_checkpoint(path: Path, model: Model, tokenizer: Tokenizer | None, optim
     """Write a checkpoint (or, without optimizer state and trainer state, a plain model directory)
     atomically; a model without a vocabulary (a ViT) has no ``tokenizer``. ``optimizer_state``: the
     optimizer's ``state_dict()`` as one process holds it (its "state", by parameter index).
-    Non-finite weights are refused by ``model.save`` inside the temporary directory, so nothing
+    Non-finite weights are refused by ``save_model`` inside the temporary directory, so nothing
     takes the checkpoint's place."""
 
     def fill(tmp: Path) -> None:
-        model.save(tmp)
+        save_model(model, tmp)
         if tokenizer is not None:
             tokenizer.save(tmp)
         if optimizer_state is not None:

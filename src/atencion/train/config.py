@@ -21,6 +21,7 @@ from ..nn.inputs import input_kind, input_kind_named
 from ..nn.lora import LoraSpec
 from ..nn.positional import position_limit
 from ..tasks import TASKS
+from ..tasks.contrastive import tower_configs
 
 
 @dataclass
@@ -275,7 +276,10 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     if not isinstance(model.get("preset", ""), str):
         raise AtencionError(f"{source}: model.preset must be a preset name, got {model['preset']!r}")
     bad = sorted(set(model) - MODEL_KEYS)
-    if bad:
+    if task == "contrastive":  # two towers, each its own model section (tasks/contrastive.py)
+
+        check_towers_section(model, source)
+    elif bad:
         raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
                          + f"; known model keys: {sorted(MODEL_KEYS)}")
     sections = {}
@@ -410,6 +414,16 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if t.distributed == "fsdp":
             raise AtencionError(f"{source}: train.lora trains under train.distributed ddp only (its adapters are "
                                 f"small: sharding them saves little)")
+    if cfg.task == "contrastive":  # each tower's section, checked now as a model section is (tasks/contrastive.py)
+
+        if t.init_from is not None or t.lora is not None:
+            raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from and train.lora "
+                                f"are for the single-model tasks")
+        try:
+            tower_configs(cfg)
+        except AtencionError as err:
+            raise AtencionError(f"{source}: {err}") from None
+        return
     if t.init_from is not None:
         return  # the model is the one in init_from, checked against the model section when it is read
     try:  # the model section, checked now with a stand-in vocabulary: before anything is written
@@ -444,3 +458,28 @@ def dump_config(cfg: TrainConfig) -> str:
     data = cfg.to_dict()
     data["train"]["adam_betas"] = list(data["train"]["adam_betas"])
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+TOWERS_SECTION = ("towers", "projection")  # task contrastive's model section
+
+
+def check_towers_section(model: dict, source: str) -> None:
+    """The model section of a contrastive run: exactly ``towers`` (two named model sections) and
+    ``projection`` (a positive width); each tower's own keys are checked as a model section's."""
+    if set(model) != set(TOWERS_SECTION):
+        raise AtencionError(f"{source}: task contrastive's model section holds exactly {list(TOWERS_SECTION)} "
+                            f"(towers: {{NAME: model section}}, projection: WIDTH), got {sorted(model)}")
+    towers, width = model["towers"], model["projection"]
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise AtencionError(f"{source}: model.projection must be a positive integer, got {width!r}")
+    if not isinstance(towers, dict) or len(towers) != 2 or not all(isinstance(n, str) and n and n == Path(n).name
+                                                                   for n in towers):
+        raise AtencionError(f"{source}: model.towers must map two names (directory names) to model sections, "
+                            f"got {towers!r}")
+    for name, section in towers.items():
+        if not isinstance(section, dict):
+            raise AtencionError(f"{source}: model.towers.{name} must be a model section (a mapping), got {section!r}")
+        bad = sorted(set(section) - MODEL_KEYS)
+        if bad:
+            raise AtencionError(f"{source}: unknown key model.towers.{name}.{bad[0]}; known model keys: "
+                                f"{sorted(MODEL_KEYS)}")

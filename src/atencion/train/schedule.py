@@ -1,9 +1,12 @@
-"""§5.3: lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5), times a factor;
-and the cosine and constant schedules language models are usually trained with."""
+"""§5.3: the optimizer (Adam, or AdamW with decoupled decay: ``build_optimizer``) and its rate,
+lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5), times a factor; and the
+cosine and constant schedules language models are usually trained with."""
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0, peak: float | None = None) -> float:
@@ -33,3 +36,15 @@ def learning_rate(step: int, d_model: int, t) -> float:
         return peak
     progress = min(1.0, (step - t.warmup) / max(1, t.max_steps - t.warmup))
     return t.lr_min + 0.5 * (peak - t.lr_min) * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters (§5.3, weight_decay an L2 term), or AdamW with decoupled decay."""
+    t = train_cfg
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
+    if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's groups)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
+    return torch.optim.Adam(params, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay,
+                            fused=True)  # lr=0: the schedule sets each update's rate

@@ -34,9 +34,10 @@ from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_check
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..tasks import Task, make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import OptimConfig, TrainConfig, dump_config, load_config
+from .config import TrainConfig, dump_config, load_config
 from .distributed import Parallel, init_distributed, set_activation_checkpointing
-from .schedule import learning_rate
+from .schedule import build_optimizer, learning_rate
+from .towers import train_towers
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +79,6 @@ def resolve_start(cfg: TrainConfig, checkpoint: Path | None, task: Task | None =
     if task is not None:
         _check_init_from(cfg, task, model.cfg, tokenizer)
     return Start(model, tokenizer, shape=model.cfg)
-
-
-def build_optimizer(model: torch.nn.Module, train_cfg: OptimConfig) -> torch.optim.Optimizer:
-    """Adam over the trainable parameters (§5.3, weight_decay an L2 term), or AdamW with decoupled decay."""
-    t = train_cfg
-    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters and a new head
-    if t.optimizer == "adamw":  # decoupled decay of the matrices only, not of biases and norms (GPT-2's groups)
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, fused=True)
-    return torch.optim.Adam(params, lr=0.0, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay,
-                            fused=True)  # lr=0: the schedule sets each update's rate
 
 
 class Trainer:
@@ -592,6 +581,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
+    if cfg.task == "contrastive":  # two towers, trained by their task's own loop (tasks/contrastive.py)
+
+        return train_towers(cfg, out_dir, resume)
     with remembering_ctrl_c():
         try:
             trainer = Trainer(cfg, out_dir, resume, command)
