@@ -32,7 +32,7 @@ def _curso():
     return module
 
 
-def test_the_notebooks_are_there():
+def test_the_seven_notebooks_of_the_chapter_are_there():
     names = [path.name for path in PATHS]
     assert names[:7] == ["01_atencion_a_mano.ipynb", "02_transformer_por_dentro.ipynb",
                          "03_entrenar_un_traductor.ipynb", "04_mirar_la_atencion.ipynb",
