@@ -14,6 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
                     reason="ruff is not installed (pip install -r requirements-test.txt)")
 def test_the_code_passes_the_declared_linter():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
-                             "src", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+                             "src", "tests", "benchmarks", "notebooks"], cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
-        pytest.fail(f"ruff check src tests benchmarks:\n{result.stdout}{result.stderr}", pytrace=False)
+        pytest.fail(f"ruff check src tests benchmarks notebooks:\n{result.stdout}{result.stderr}", pytrace=False)
