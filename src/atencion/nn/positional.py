@@ -340,9 +340,10 @@ def kinds(role: str) -> tuple[str, ...]:
 
 
 def position_kind(cfg) -> PositionKind:
-    """The kind ``cfg.positional`` names, checked (a ModelConfig made before this module was
-    imported has not been: config.py does not import torch)."""
-    check_positional(cfg)
+    """The kind ``cfg.positional`` names; an unknown name is refused in one line (a ModelConfig made
+    before this module was imported has not been checked: config.py does not import torch)."""
+    if cfg.positional not in POSITIONS:
+        check_positional(cfg)
     return POSITIONS[cfg.positional]
 
 
@@ -356,6 +357,7 @@ def position_limit(cfg) -> int | None:
 
 
 def _module(cfg, role: str) -> nn.Module | None:
+    check_positional(cfg)  # the kind's own check too, before its module is built
     kind = position_kind(cfg)
     return kind.build(cfg) if kind.role == role else None
 
