@@ -6,6 +6,18 @@ import torch
 from atencion import ModelConfig, Transformer
 
 
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `atencion ARGV` in this process."""
+    from atencion.cli import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exit:  # argparse's errors
+        status = exit.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def small_config(**overrides) -> ModelConfig:
     values = dict(vocab_size=40, n_layers=2, d_model=32, d_ff=64, n_heads=4, dropout=0.1,
                   pad_id=0, bos_id=2, eos_id=3)

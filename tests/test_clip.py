@@ -22,19 +22,12 @@ from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model, load_model_dir, load_towers, save_towers
 from atencion.nn.towers import LOG_SCALE_MAX, Towers, info_nce
 from atencion.tasks.contrastive import recall_at_1, retrieval_chance
+from conftest import run_cli as run
 
 PATCHES = {"kind": "patches", "patch": 2, "size": [4, 4], "channels": 1}
 SPECTROGRAM = {"kind": "spectrogram", "n_mels": 8, "max_frames": 40}
 
 
-def run(argv, capsys):
-    """(exit status, stdout, stderr) of `atencion ARGV` in this process."""
-    try:
-        status = main(argv)
-    except SystemExit as exit:  # argparse's errors
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def tiny_towers(width: int = 4) -> Towers:

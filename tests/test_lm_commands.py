@@ -16,7 +16,6 @@ import torch
 from fastapi.testclient import TestClient
 
 from atencion import ModelConfig, Transformer
-from atencion.cli import main
 from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
@@ -36,6 +35,7 @@ from atencion.tasks.classify import (
 from atencion.tasks.lm import evaluate_lm, generate_text, generate_to, lm_scores, prompt_ids, render, text_stream
 from atencion.tasks.mlm import Masker, evaluate_mlm, fill_mask, mlm_scores
 from atencion.train.checkpoint import save_checkpoint
+from conftest import run_cli as run
 
 LINES = ["the cat sat on the mat", "the dog ate the bone", "a bird sang in the tree", "my cat likes fish",
          "the sun is warm today", "we walk to the park"] * 3
@@ -73,14 +73,6 @@ def loaded(models):
     return {name: load_model_dir(path) for name, path in models.items()}
 
 
-def run(argv, capsys):
-    """(exit status, stdout, stderr) of `atencion ARGV` in this process."""
-    try:
-        status = main(argv)
-    except SystemExit as exit:  # argparse's errors
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 # generate ---------------------------------------------------------------------------------------

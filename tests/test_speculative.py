@@ -10,12 +10,12 @@ import itertools
 import pytest
 import torch
 
-from atencion.cli import main
 from atencion.data.tokenizer import Tokenizer
 from atencion.decode.sample import generate_ids, next_probs
 from atencion.decode.speculative import speculative_ids
 from atencion.errors import AtencionError
 from atencion.train.checkpoint import save_checkpoint
+from conftest import run_cli as run
 from conftest import small_model
 
 PROMPTS = [[5, 9, 13, 7], [21], [30, 4, 4, 17, 8, 11, 2, 39, 16]]
@@ -177,13 +177,6 @@ def test_a_cache_that_cannot_roll_back_is_refused_in_one_line(attention):
 
 # the command line ----------------------------------------------------------------------------------
 
-def run(argv, capsys):
-    try:
-        status = main(argv)
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.fixture(scope="module")

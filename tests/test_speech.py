@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from atencion import ModelConfig, Transformer
-from atencion.cli import main
 from atencion.decode.search import beam_search, greedy_search
 from atencion.errors import AtencionError
 from atencion.nn.inputs import INPUTS, frame_positions, pad_frames
 from atencion.train.config import load_config
 from atencion.train.trainer import train
+from conftest import run_cli as run
 
 SPECTROGRAM = {"kind": "spectrogram", "n_mels": 8, "max_frames": 40}
 
@@ -34,14 +34,6 @@ def tiny(**values) -> ModelConfig:
     return ModelConfig(**{**base, **values})
 
 
-def run(argv, capsys):
-    """(exit status, stdout, stderr) of `atencion ARGV` in this process."""
-    try:
-        status = main(argv)
-    except SystemExit as exit:  # argparse's errors
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 # the front end against Hugging Face's Whisper -----------------------------------------------------

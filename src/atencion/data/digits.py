@@ -18,8 +18,6 @@ the pixel values divided by 16 so that they lie in [0, 1] as a PNG's do once rea
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 import time
@@ -30,6 +28,7 @@ import numpy as np
 
 from ..errors import AtencionError
 from ..fileio import atomic_write
+from .script import ScriptParser, run_writer
 
 log = logging.getLogger(__name__)
 
@@ -82,33 +81,15 @@ def _save(path: Path, image: np.ndarray) -> None:
         np.save(f, image, allow_pickle=False)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line, as the atencion command line has them."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m atencion.data.digits OUT_DIR [--valid N] [--force]``: write the files, print one JSON line."""
-    p = _Parser(prog="python -m atencion.data.digits", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ScriptParser("python -m atencion.data.digits", __doc__)
     p.add_argument("out", metavar="OUT_DIR", help="where images/, train.tsv, valid.tsv and test.tsv are written")
     p.add_argument("--valid", type=int, default=90,
                    help="the last this many images of the first half validate (default: 90, its last 10%%)")
     p.add_argument("--force", action="store_true", help="replace existing files")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    try:
-        report = write_digits(args.out, args.valid, args.force)
-    except AtencionError as err:
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted; no file was left half-written", file=sys.stderr)
-        return 130
-    print(json.dumps(report))
-    return 0
+    return run_writer(p.prog, lambda: write_digits(args.out, args.valid, args.force))
 
 
 if __name__ == "__main__":

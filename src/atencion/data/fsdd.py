@@ -25,8 +25,6 @@ refused unless ``--force``; each file is written under a temporary name, then re
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import re
 import sys
@@ -39,6 +37,7 @@ from pathlib import Path
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .audio import decode_wav
+from .script import ScriptParser, run_writer
 
 log = logging.getLogger(__name__)
 
@@ -141,32 +140,14 @@ def write_fsdd(out: str | Path, archive: str | Path = ARCHIVE, force: bool = Fal
             "rows": counts, "seconds": round(time.perf_counter() - start, 1)}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line, as the atencion command line has them."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m atencion.data.fsdd OUT_DIR [--archive F] [--force]``: write, print one JSON line."""
-    p = _Parser(prog="python -m atencion.data.fsdd", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ScriptParser("python -m atencion.data.fsdd", __doc__)
     p.add_argument("out", metavar="OUT_DIR", help="where wav/ and the TSV files are written")
     p.add_argument("--archive", default=ARCHIVE, help=f"FSDD's recordings.tar.gz (default: {ARCHIVE})")
     p.add_argument("--force", action="store_true", help="replace existing files")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    try:
-        report = write_fsdd(args.out, args.archive, args.force)
-    except AtencionError as err:
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted; no file was left half-written", file=sys.stderr)
-        return 130
-    print(json.dumps(report))
-    return 0
+    return run_writer(p.prog, lambda: write_fsdd(args.out, args.archive, args.force))
 
 
 if __name__ == "__main__":

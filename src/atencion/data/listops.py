@@ -24,9 +24,7 @@ with ``--train``; the files are ``label<TAB>text``, read by ``task: classify`` w
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import logging
 import random
 import sys
@@ -38,6 +36,7 @@ from pathlib import Path
 
 from ..errors import AtencionError
 from ..fileio import atomic_write
+from .script import ScriptParser, run_writer
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +177,10 @@ def _write_rows(path: Path, examples: Iterator[tuple[int, str]], bar) -> Counter
     return labels
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line, as the atencion command line has them."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m atencion.data.listops OUT_DIR [...]``: write the splits, print one JSON line."""
     defaults = ListOpsRecipe()
-    p = _Parser(prog="python -m atencion.data.listops", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ScriptParser("python -m atencion.data.listops", __doc__)
     p.add_argument("out", metavar="OUT_DIR", help="where train.tsv, valid.tsv and test.tsv are written")
     for split, n in zip(SPLITS, (96_000, 2_000, 2_000)):
         p.add_argument(f"--{split}", type=int, default=n, help=f"{split} examples (default: {n:,})")
@@ -199,18 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"(default, LRA's: {getattr(defaults, name)})")
     p.add_argument("--force", action="store_true", help="replace existing files")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     recipe = ListOpsRecipe(args.min_length, args.max_length, args.max_depth, args.max_args)
-    try:
-        report = write_listops(args.out, {s: getattr(args, s) for s in SPLITS}, args.seed, recipe, args.force)
-    except AtencionError as err:
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted; no file was left half-written", file=sys.stderr)
-        return 130
-    print(json.dumps(report))
-    return 0
+    sizes = {s: getattr(args, s) for s in SPLITS}
+    return run_writer(p.prog, lambda: write_listops(args.out, sizes, args.seed, recipe, args.force))
 
 
 if __name__ == "__main__":
