@@ -64,6 +64,8 @@ def kernel(tmp_path, monkeypatch):
         "display_name": "atencion (tests)", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     monkeypatch.setenv("ATENCION_RAPIDO", "1")
+    # one torch thread: a kernel of two threads beside any other busy process runs several times slower
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     return KERNEL
 
