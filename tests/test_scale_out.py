@@ -161,6 +161,24 @@ def test_two_nodes_on_the_loopback_address_equal_one_node(tmp_path):
                            list_checkpoints(tmp_path / "two_nodes" / "checkpoints")[-1])
 
 
+def test_no_process_writes_in_the_run_directory_before_every_process_has_checked_it(tmp_path, monkeypatch):
+    """A rank that starts late must not find the main rank's first files in --out and refuse it as
+    a directory that is not a run (a CI run lost rank 1 so): the first barrier comes before any write."""
+    import atencion.train.trainer as trainer_module
+    from atencion.train.distributed import Dist
+
+    out, seen = tmp_path / "run", []
+
+    class Recording(Dist):
+        def barrier(self) -> None:
+            seen.append(sorted(p.name for p in out.iterdir()) if out.exists() else [])
+
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device: Recording())
+    settings = write_data(tmp_path / "data")["translate"]
+    train(load_config(None, [f"{k}={v}" for k, v in {**settings, "train.max_steps": 1}.items()]), out)
+    assert seen and seen[0] == [], f"files in --out at the first barrier: {seen[0] if seen else 'no barrier'}"
+
+
 @pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
 def test_activation_checkpointing_gives_the_gradients_of_the_plain_backward(arch):
     cfg = ModelConfig(vocab_size=50, arch=arch, d_model=32, d_ff=64, n_heads=4, n_layers=2, dropout=0.2,

@@ -96,6 +96,7 @@ class Trainer:
             torch.set_num_threads(t.threads)
         self.ckpt_dir = self.out / "checkpoints"
         checkpoint = self._check_run_dir(resume)  # --resume: the last checkpoint
+        self.dist.barrier()  # every process has looked at --out before the main one writes there
         torch.manual_seed(t.seed)
         self.task = make_task(cfg)  # the task's data, read
         self._remove_stale_temporaries()
