@@ -252,3 +252,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(trained, data, capsys, 
     status, _, err = run(["train", str(config), "--out", str(tmp_path / "out")], capsys)
     assert status == 2 and "model.towers.image" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+    for setting in ("train.distributed=fsdp", "train.activation_checkpointing=true"):
+        status, _, err = run(["train", str(data / "clip.yaml"), "--set", setting, "--out", str(tmp_path / "out")],
+                             capsys)
+        assert status == 2 and "trains in one process" in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "out").exists()
+
+
+def test_torchrun_is_refused_before_anything_is_written(data, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    status, _, err = run(["train", str(data / "clip.yaml"), "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and "without torchrun" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+

@@ -419,6 +419,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if t.init_from is not None or t.lora is not None:
             raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from and train.lora "
                                 f"are for the single-model tasks")
+        if t.distributed != "ddp" or t.activation_checkpointing:
+            raise AtencionError(f"{source}: task contrastive trains in one process (its own loop, "
+                                f"train/towers.py); train.distributed fsdp and train.activation_checkpointing are "
+                                f"for the single-model tasks")
         try:
             tower_configs(cfg)
         except AtencionError as err:

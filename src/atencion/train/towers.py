@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ def train_towers(cfg, out_dir: str | Path, resume: bool = False) -> dict[str, An
     at each validation, OUT/checkpoints/step_N (the towers, the optimizer and RNG states, where
     the run is: what ``resume`` continues from, repeating exactly what an unbroken run does)."""
     t = cfg.train
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would train alone and write the same files
+        raise AtencionError("task contrastive trains in one process: run `atencion train` without torchrun (its "
+                            "loss would need every process's embeddings, which this loop does not gather)")
     out = need_dir(out_dir, "--out") if resume else need_output_dir(out_dir, "--out")
     if t.threads:
         torch.set_num_threads(t.threads)
