@@ -5,6 +5,7 @@ unigram frequencies.
 
     python benchmarks/sst2.py --out runs/sst2
     python benchmarks/sst2.py --out runs/sst2 --mlm-steps 500 --set-classify train.max_epochs=1   # a quick look
+    python benchmarks/sst2.py --out runs/sst2 --seeds 1 2 3      # steps 3-5 with three seeds each
 
 Steps (a finished step is reused when the command is run again):
 1. OUT/data: pretrain.txt = the SST-2 training sentences (each distinct text once) and the English
@@ -15,9 +16,12 @@ Steps (a finished step is reused when the command is run again):
 4. OUT/scratch: configs/sst2_classify.yaml as it is.
 5. OUT/lora: configs/sst2_lora.yaml with train.init_from = OUT/mlm/best: LoRA adapters and a new
    head trained, the pretrained encoder frozen (the LoRA paper's claim, against step 3).
-Prints one JSON object (also written to OUT/sst2.json): dev accuracy of each classifier, and for
-the fine-tuned ones their trainable parameters, the size of Adam's state and of a model
-directory and of a checkpoint on disk.
+With ``--seeds 1 2 3`` steps 3-5 run once per seed (train.seed; the pretraining and the data are
+the same for all): OUT/finetuned, OUT/scratch, OUT/lora for seed 1 (the configs' seed) and
+OUT/finetuned_seed2, ... for the others.
+Prints one JSON object (also written to OUT/sst2.json): per classifier, each seed's dev accuracy
+and the median and range over the seeds; for the fine-tuned ones their trainable parameters, the
+size of Adam's state and of a model directory and of a checkpoint on disk.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import gzip
 import json
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -126,7 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mlm-steps", type=int, default=0, help="pretraining updates (0: the config's)")
     parser.add_argument("--held-out", type=int, default=2000, help="SST-2 training rows held out to choose "
                         "checkpoints (default: 2000)")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="the seed of the data's shuffle and held-out rows")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="train.seed of steps 3-5, each run once "
+                        "per seed (default: 1, the configs')")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--set-mlm", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--set-classify", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -139,25 +146,31 @@ def main(argv: list[str] | None = None) -> dict:
         mlm_sets.append(f"train.max_steps={args.mlm_steps}")
     cls_sets = [f"data.train_tsv={data / 'train.tsv'}", f"data.valid_tsv={data / 'valid.tsv'}", *args.set_classify]
     mlm = run(args.mlm_config, out / "mlm", mlm_sets, args.threads)
-    finetuned = run(args.classify_config, out / "finetuned", [*cls_sets, f"train.init_from={mlm / 'best'}"],
-                    args.threads)
-    scratch = run(args.classify_config, out / "scratch", cls_sets, args.threads)
-    lora = run(args.lora_config, out / "lora", [*cls_sets, f"train.init_from={mlm / 'best'}", *args.set_lora],
-               args.threads)
+    steps = {"finetuned": (args.classify_config, [*cls_sets, f"train.init_from={mlm / 'best'}"]),
+             "scratch": (args.classify_config, cls_sets),
+             "lora": (args.lora_config, [*cls_sets, f"train.init_from={mlm / 'best'}", *args.set_lora])}
+    runs: dict[str, list[dict]] = {name: [] for name in steps}
+    for seed in args.seeds:
+        for name, (config, sets) in steps.items():
+            run_dir = run(config, out / (name if seed == 1 else f"{name}_seed{seed}"),
+                          [*sets, f"train.seed={seed}"], args.threads)
+            s = summary(run_dir)
+            runs[name].append({"seed": seed, "dev": dev_accuracy(Path(s["best_model"]), data / "dev.tsv"),
+                               "best_step": s["best_step"], "steps": s["steps"],
+                               "minutes": round(s["seconds"] / 60, 1),
+                               **(sizes(run_dir) if name != "scratch" else {})})
     report = {"pretraining": {**masked_accuracy(mlm, args.mlm_config, data),
                               "minutes": round(summary(mlm)["seconds"] / 60, 1), "steps": summary(mlm)["steps"]}}
-    for name, run_dir in (("finetuned", finetuned), ("scratch", scratch), ("lora", lora)):
-        s = summary(run_dir)
-        report[name] = {"dev": dev_accuracy(Path(s["best_model"]), data / "dev.tsv"), "best_step": s["best_step"],
-                        "steps": s["steps"], "minutes": round(s["seconds"] / 60, 1)}
-        if name != "scratch":
-            report[name].update(sizes(run_dir))
+    for name, done in runs.items():
+        accuracies = [r["dev"]["accuracy"] for r in done]
+        report[name] = {"runs": done, "median_dev": round(statistics.median(accuracies), 4),
+                        "range_dev": [min(accuracies), max(accuracies)]}
     report["pretraining_gain_points"] = round(
-        100 * (report["finetuned"]["dev"]["accuracy"] - report["scratch"]["dev"]["accuracy"]), 2)
+        100 * (report["finetuned"]["median_dev"] - report["scratch"]["median_dev"]), 2)
     report["lora_minus_full_points"] = round(
-        100 * (report["lora"]["dev"]["accuracy"] - report["finetuned"]["dev"]["accuracy"]), 2)
+        100 * (report["lora"]["median_dev"] - report["finetuned"]["median_dev"]), 2)
     report["lora_trainable_share"] = round(
-        report["lora"]["trainable_parameters"] / report["finetuned"]["trainable_parameters"], 4)
+        runs["lora"][0]["trainable_parameters"] / runs["finetuned"][0]["trainable_parameters"], 4)
     (out / "sst2.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report))
     return report
