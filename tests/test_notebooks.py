@@ -20,7 +20,8 @@ NOTEBOOKS = ROOT / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 LIMIT_S = 180          # per notebook, all its cells together: three times the quick mode's one-minute budget
 KERNEL = "atencion-tests"
-DATA = {"06_la_familia.ipynb": ["tinyshakespeare"], "07_adaptar_y_escalar.ipynb": ["tinyshakespeare"]}
+DATA = {"06_la_familia.ipynb": ["tinyshakespeare"], "07_adaptar_y_escalar.ipynb": ["tinyshakespeare"],
+        "08_atencion_eficiente_y_mas_alla.ipynb": ["fsdd"]}
 MISSING = [name for name in ("nbclient", "nbformat", "ipykernel") if importlib.util.find_spec(name) is None]
 
 
@@ -32,11 +33,12 @@ def _curso():
     return module
 
 
-def test_the_seven_notebooks_of_the_chapter_are_there():
+def test_the_eight_notebooks_of_the_chapter_are_there():
     names = [path.name for path in PATHS]
-    assert names[:7] == ["01_atencion_a_mano.ipynb", "02_transformer_por_dentro.ipynb",
+    assert names[:8] == ["01_atencion_a_mano.ipynb", "02_transformer_por_dentro.ipynb",
                          "03_entrenar_un_traductor.ipynb", "04_mirar_la_atencion.ipynb",
-                         "05_antes_del_transformer.ipynb", "06_la_familia.ipynb", "07_adaptar_y_escalar.ipynb"]
+                         "05_antes_del_transformer.ipynb", "06_la_familia.ipynb", "07_adaptar_y_escalar.ipynb",
+                         "08_atencion_eficiente_y_mas_alla.ipynb"]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda path: path.stem)
