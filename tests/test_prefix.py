@@ -237,6 +237,10 @@ def test_runs_train_only_the_virtual_tokens_and_the_head_and_the_commands_use_th
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "prompt tuning (train.prompt), which cannot be merged" in err
         assert not Path(command[-1]).exists()
+    with pytest.raises(AtencionError, match=r"is adapted by prompt tuning \(train.prompt\), which cannot be merged"):
+        train(config(tmp_path, "classify", f"data.train_tsv={tsv}", f"train.init_from={prompted['last_checkpoint']}",
+                     "train.max_steps=3"), tmp_path / "again")
+    assert not (tmp_path / "again").exists()
 
 
 # bad settings ------------------------------------------------------------------------------------------

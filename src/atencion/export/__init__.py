@@ -142,7 +142,7 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     # one model (towers, nn/towers.py, are refused); a LoRA model is exported with its adapters folded in
     model = merge_lora(load_model(model_dir, expect=Model))
     if model.virtual is not None:  # prefix or prompt tuning: nothing to fold in
-        raise unmergeable(f"--model {model_dir}", model.virtual)
+        raise unmergeable(f"--model {model_dir}", model.virtual.spec.kind)
     tokenizer = None
     if (Path(model_dir) / INFO_FILE).is_file() or (Path(model_dir) / MARIAN_FILES[0]).is_file():
         tokenizer = Tokenizer.load(model_dir)

@@ -506,7 +506,7 @@ def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
     plain model directory ``out`` (new or empty); returns its parameter count."""
     model_dir = need_dir(model, "--model")
     if virtual_file(model_dir) is not None:
-        raise unmergeable(f"--model {model_dir}", load_model(model_dir).virtual)
+        raise unmergeable(f"--model {model_dir}", virtual_file(model_dir).stem)
     if not (model_dir / LORA_FILE).is_file():
         raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
     out = need_output_dir(out, "--out")

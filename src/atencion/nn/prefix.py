@@ -210,8 +210,9 @@ def visible_first(mask: Tensor, count: int) -> Tensor:
     return torch.cat([mask.new_ones(*mask.shape[:-1], count), mask], dim=-1)
 
 
-def unmergeable(where: str, info: VirtualInfo) -> AtencionError:
-    """The one-line refusal of a command that needs plain weights (merge-lora, export)."""
-    return AtencionError(f"{where}: is adapted by {info.spec.kind} tuning (train.{info.spec.kind}), which cannot be "
+def unmergeable(where: str, kind: str) -> AtencionError:
+    """The one-line refusal of a command that needs plain weights (merge-lora, export, init_from)
+    for a model adapted by ``kind`` ("prefix" or "prompt") tuning."""
+    return AtencionError(f"{where}: is adapted by {kind} tuning (train.{kind}), which cannot be "
                          f"merged into the weights: its virtual tokens add keys or input places, not a change of W; "
                          f"use the model directory as it is (generate, classify, evaluate, serve)")

@@ -75,7 +75,7 @@ def resolve_start(cfg: TrainConfig, checkpoint: Path | None, task: Task | None =
         return Start()
     model, tokenizer = load_model_dir(t.init_from, what="train.init_from")
     if model.virtual is not None:
-        raise unmergeable(f"train.init_from {t.init_from}", model.virtual)
+        raise unmergeable(f"train.init_from {t.init_from}", model.virtual.spec.kind)
     if t.lora is not None:
         _check_lora_base(model, cfg)
     for key in ("prefix", "prompt"):
