@@ -206,6 +206,10 @@ def test_runs_train_only_the_virtual_tokens_and_the_head_and_the_commands_use_th
         train(config(tmp_path, "lm", *sets), tmp_path / "lm-prefix")
     assert not (tmp_path / "lm-prefix").exists()
     prefixed = train(config(tmp_path, "lm", *sets, "data.block_size=24"), tmp_path / "lm-prefix")
+    with pytest.raises(AtencionError, match=r"was trained with train.prefix .*length=4.* but the config given now "
+                                            r"has train.prefix .*length=2.*; the adapters cannot change on --resume"):
+        train(config(tmp_path, "lm", *sets, "data.block_size=24", "train.prefix.length=2", "train.max_steps=6"),
+              tmp_path / "lm-prefix", resume=True)
     tsv = tmp_path / "train.tsv"
     tsv.write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n" for s in sentences(200, 1)), encoding="utf-8")
     mlm = train(config(tmp_path, "mlm", f"data.train_text={text}", "data.vocab_size=60", "train.max_steps=3",
