@@ -132,6 +132,52 @@ def test_bert_classifier_counts_and_computes_as_peft(kind, projection, hidden):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+def marian():
+    torch.manual_seed(0)
+    hf = transformers.MarianMTModel(transformers.MarianConfig(
+        vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0,
+        decoder_start_token_id=0, eos_token_id=1, forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0))
+    with torch.no_grad():  # every weight moved but the fixed sinusoids
+        for name, p in hf.named_parameters():
+            if "embed_positions" not in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return hf.eval()
+
+
+@pytest.mark.parametrize("kind", ["prefix", "prompt"])
+def test_a_marian_translator_computes_as_peft(kind):
+    """PEFT's seq2seq prefix reaches the decoder's self-attention only (it drops the
+    cross-attention cache it builds; the encoder gets none), and its split of the table gives
+    every decoder layer the first layer's keys and values: ours, given those in every layer,
+    computes the same. Its prompt goes before the encoder's input; its table holds 2 · length
+    rows of which the forward reads the first length, ours those length. Marian's features are
+    sines then cosines, atencion's interleaved (interop/marian.py): the prompt is permuted alike."""
+    from atencion.interop.marian import marian_to_paper_permutation
+
+    hf = marian()
+    theirs = peft.get_peft_model(copy.deepcopy(hf), peft_config(kind, "SEQ_2_SEQ_LM")).eval()
+    ours = from_hf(copy.deepcopy(hf)).eval()
+    apply_virtual(ours, spec(kind), "base", "0" * 64)
+    table = theirs.prompt_encoder["default"].embedding.weight.detach()
+    with torch.no_grad():
+        if kind == "prefix":
+            assert trainable(ours) == trainable(theirs) > 0
+            ours.decoder.prefix.embedding.weight.copy_(table[:, :2 * 32].repeat(1, 2))
+        else:
+            assert 2 * trainable(ours) == trainable(theirs) > 0
+            ours.encoder.prompt.embedding.weight.copy_(table[:LENGTH, marian_to_paper_permutation(32)])
+        src = torch.randint(2, 99, (3, 8), generator=torch.Generator().manual_seed(1))
+        src[1, 6:] = 0
+        tgt = torch.randint(2, 99, (3, 6), generator=torch.Generator().manual_seed(2))
+        expected = theirs(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt).logits
+        plain = from_hf(copy.deepcopy(hf)).eval()(src, tgt)
+        got = ours(src, tgt)
+    assert (expected - plain).abs().max() > 1e-2
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
 # decoding, training, files -----------------------------------------------------------------------------
 
 
@@ -269,22 +315,24 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, sets, message):
 def test_virtual_tokens_need_init_from_and_a_model_they_fit(tmp_path):
     with pytest.raises(AtencionError, match=r"train.prompt adapts a trained model: set train.init_from"):
         config(tmp_path, "lm", "data.train_text=x.txt", "train.prompt={length: 2}")
-    model = small_model(arch="encoder-decoder")
-    with pytest.raises(AtencionError, match=r"train.prefix adapts models of one stack .* use train.prompt"):
-        apply_virtual(model, PrefixSpec(2), "base", "0" * 64)
     with pytest.raises(AtencionError, match=r"positions 'alibi' add a bias by key position"):
         apply_virtual(small_model(arch="decoder", positional="alibi"), PrefixSpec(2), "base", "0" * 64)
 
 
-def test_prompt_tuning_of_an_encoder_decoder_goes_into_the_encoder():
-    base, model = adapted("prompt", "encoder-decoder")
+@pytest.mark.parametrize("kind", ["prefix", "prompt"])
+@pytest.mark.parametrize("group", [1, 2])
+def test_an_encoder_decoder_decodes_step_by_step_as_its_full_pass(kind, group):
+    """A prompt goes into the encoder (its places in the memory and its mask), a prefix into the
+    decoder's self-attention."""
+    base, model = adapted(kind, "encoder-decoder")
     src = torch.randint(4, model.cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
     src[1, 4:] = model.cfg.pad_id
     tgt = torch.randint(4, model.cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         memory, mask = model.encode(src)
-        assert memory.shape[1] == LENGTH + 6 and mask[:, 0, 0, :LENGTH].all()
+        assert memory.shape[1] == (LENGTH + 6 if kind == "prompt" else 6)
         assert (model(src, tgt) - base(src, tgt)).abs().max() > 1e-2
-        state = model.init_state(memory, mask)
-        steps = torch.cat([model.decode_step(tgt[:, i:i + 1], state) for i in range(5)], 1)
-    torch.testing.assert_close(steps, model(src, tgt), atol=1e-5, rtol=0)
+        state = model.init_state(memory, mask, group=group)
+        rows = tgt.repeat_interleave(group, 0)
+        steps = torch.cat([model.decode_step(rows[:, i:i + 1], state) for i in range(5)], 1)
+    torch.testing.assert_close(steps, model(src, tgt).repeat_interleave(group, 0), atol=1e-5, rtol=0)

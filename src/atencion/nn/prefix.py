@@ -10,13 +10,17 @@ N · 2 · d_model) (PEFT's ``prefix_projection``, ``encoder_hidden_size``), whic
 found trains more stably. Row i of that output holds, for each layer, its key and value at
 prefix place i, heads side by side. The prefix carries no position: it is not turned by RoPE,
 and the real tokens take the places after it (positions ``length`` …), as Hugging Face places
-tokens after cached keys, which is how PEFT hands it the prefix. Prefix-tuning here adapts
-models of one stack (arch encoder or decoder); for an encoder-decoder PEFT gives the decoder's
-self- and cross-attention the same prefix and the encoder none, which is not built here.
+tokens after cached keys, which is how PEFT hands it the prefix. The prefix goes into the
+self-attention of the last stack: an encoder's, a decoder's, and in an encoder-decoder the
+decoder's only, as PEFT (0.21, with transformers 5) places it there: it builds keys and values
+for the cross-attention too but drops them, and the encoder gets none. (PEFT's split of its table
+for an encoder-decoder gives every decoder layer the first layer's keys and values; here each
+layer has its own, as for the other archs.)
 
 Prompt tuning prepends ``length`` trainable embeddings to the embeddings of the input (the
 encoder's, or a decoder-only model's), where they take positions 0 … length-1 and the tokens
-follow; ``init: random`` draws them from N(0, 1) (PEFT's default), ``init: vocab`` copies the
+follow (PEFT's table for an encoder-decoder holds 2 · length rows, of which its forward reads the
+first length: here only those); ``init: random`` draws them from N(0, 1) (PEFT's default), ``init: vocab`` copies the
 embeddings of tokens drawn at random from the vocabulary (PEFT's ``SAMPLE_VOCAB``). The outputs
 at the prompt's places are dropped from the logits; a classifier pools over all places, as the
 PEFT-wrapped Hugging Face model does (BERT's first place is then the prompt's).
@@ -169,9 +173,6 @@ def check_fits(model: nn.Module, spec: PrefixSpec | PromptSpec, where: str) -> N
                             f"with inputs {(cfg.inputs or {}).get('kind', 'tokens')!r}")
     if spec.kind == "prompt":
         return
-    if cfg.arch == "encoder-decoder":
-        raise AtencionError(f"{where}: {key} adapts models of one stack (arch encoder or decoder); for an "
-                            f"encoder-decoder use train.prompt or train.lora")
     if not full_attention(cfg) or cfg.kv_heads not in (None, cfg.n_heads):
         raise AtencionError(f"{where}: {key} adds keys to eq. (1)'s attention with n_heads key/value heads; this "
                             f"model has attention {cfg.attention} and kv_heads {cfg.kv_heads}")
@@ -181,9 +182,12 @@ def check_fits(model: nn.Module, spec: PrefixSpec | PromptSpec, where: str) -> N
                             f"key position: use learned, sinusoidal or rope positions, or train.prompt")
 
 
-def stack_of(model: nn.Module) -> nn.Module:
-    """The stack the virtual tokens go into: the encoder (encoder, encoder-decoder) or the decoder."""
-    return model.encoder if model.cfg.arch != "decoder" else model.decoder
+def stack_of(model: nn.Module, kind: str) -> nn.Module:
+    """The stack the virtual tokens go into: a prompt the first (the encoder, if there is one), a
+    prefix the last (the decoder, if there is one), as PEFT places them."""
+    first = model.encoder if model.cfg.arch != "decoder" else model.decoder
+    last = model.decoder if model.cfg.arch != "encoder" else model.encoder
+    return first if kind == "prompt" else last
 
 
 def apply_virtual(model: nn.Module, spec: PrefixSpec | PromptSpec, base: str | os.PathLike, base_sha256: str,
@@ -193,7 +197,7 @@ def apply_virtual(model: nn.Module, spec: PrefixSpec | PromptSpec, base: str | o
     check_fits(model, spec, "train." + spec.kind)
     for p in model.parameters():
         p.requires_grad_(False)
-    stack = stack_of(model)
+    stack = stack_of(model, spec.kind)
     device = stack.embed.weight.device
     if spec.kind == "prefix":
         stack.prefix = PrefixEncoder(spec, len(stack.layers), model.cfg.d_model, model.cfg.n_heads).to(device)
