@@ -281,6 +281,9 @@ def test_runs_train_only_the_virtual_tokens_and_the_head_and_the_commands_use_th
     assert cli(["classify", "--model", prompted["last_checkpoint"], "--input", str(tmp_path / "lines.txt"),
                 "--json"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) >= 3
+    assert cli(["evaluate", "--model", prompted["last_checkpoint"], "--tsv", str(tsv)]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] >= 0
+    serve_both(prefixed["last_checkpoint"], prompted["last_checkpoint"])
     for command in (["merge-lora", "--out", str(tmp_path / "merged")], ["export", "--format", "hf", "--out",
                                                                          str(tmp_path / "hf")]):
         assert cli([command[0], "--model", prompted["last_checkpoint"], *command[1:]]) == 2
@@ -291,6 +294,30 @@ def test_runs_train_only_the_virtual_tokens_and_the_head_and_the_commands_use_th
         train(config(tmp_path, "classify", f"data.train_tsv={tsv}", f"train.init_from={prompted['last_checkpoint']}",
                      "train.max_steps=3"), tmp_path / "again")
     assert not (tmp_path / "again").exists()
+
+
+def serve_both(lm_dir: str, classifier_dir: str) -> None:
+    """The server answers /generate, /classify and /attention from the adapted models."""
+    from fastapi.testclient import TestClient
+
+    from atencion.serve.app import LoadedModel, create_app
+    from atencion.viz.attention import capture_self_attention
+
+    models = [LoadedModel(name, path, *load_model_dir(path)) for name, path in (("lm", lm_dir),
+                                                                                ("cls", classifier_dir))]
+    with TestClient(create_app(models)) as client:
+        r = client.post("/generate", json={"prompt": "the", "max_new_tokens": 5, "model": "lm"})
+        assert r.status_code == 200, r.text
+        r = client.post("/classify", json={"texts": ["the cat sat"], "model": "cls"})
+        assert r.status_code == 200, r.text
+        for name in ("lm", "cls"):
+            r = client.post("/attention", json={"text": "the cat sat", "model": name})
+            assert r.status_code == 200, r.text
+    for model in models:  # the maps label the virtual places: a prompt's rows and columns, a prefix's columns
+        maps = capture_self_attention(model.model, model.tokenizer, "the cat sat").self_attention
+        assert maps.weights.shape[-2:] == (len(maps.rows), len(maps.cols))
+        first = {"cls": ("<prompt 1>", "<prompt 1>"), "lm": (maps.rows[0], "<prefix 1>")}[model.name]
+        assert (maps.rows[0], maps.cols[0]) == first and not maps.rows[0].startswith("<prefix")
 
 
 # bad settings ------------------------------------------------------------------------------------------

@@ -209,6 +209,12 @@ def apply_virtual(model: nn.Module, spec: PrefixSpec | PromptSpec, base: str | o
     model.virtual = VirtualInfo(spec, str(Path(base).resolve()), base_sha256)
 
 
+def places(stack: nn.Module) -> tuple[int, int]:
+    """The places the virtual tokens of a stack (an Encoder or a Decoder) add before the tokens'
+    at the first step: a prompt's (queries and keys) and a prefix's (keys only)."""
+    return (0 if stack.prompt is None else stack.prompt.length), (0 if stack.prefix is None else stack.prefix.length)
+
+
 def visible_first(mask: Tensor, count: int) -> Tensor:
     """``mask`` (…, keys) with ``count`` keys before the others that every query sees."""
     return torch.cat([mask.new_ones(*mask.shape[:-1], count), mask], dim=-1)

@@ -19,7 +19,7 @@ from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
 from .model_dir import register_arch
 from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
-from .prefix import visible_first
+from .prefix import places, visible_first
 
 
 def _relative_terms(relative: nn.Module | None, q_pos: Tensor, k_pos: Tensor, causal: bool,
@@ -129,15 +129,11 @@ class Decoder(nn.Module):
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
         self.prefix = self.prompt = None  # virtual tokens (nn/prefix.py), when the model is adapted by them
 
-    def virtual(self) -> tuple[int, int]:
-        """The places a first step adds before the tokens: a prompt's (queries too) and a prefix's (keys only)."""
-        return (0 if self.prompt is None else self.prompt.length), (0 if self.prefix is None else self.prefix.length)
-
     def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False, first=True):
         """``first``: the first step (or the whole text), where virtual tokens enter: a prompt's
         places before the tokens', a prefix's keys before every layer's (its places already in
         ``state``'s offset: ``DecoderState.skip``). ``self_mask`` covers them."""
-        prompt, skipped = self.virtual() if first else (0, 0)
+        prompt, skipped = places(self) if first else (0, 0)
         offset = state.offset if state is not None else skipped
         x = self.embed(tgt_ids)
         if prompt:
@@ -301,10 +297,10 @@ class Transformer(Model):
         if tgt_in_ids.size(0) != src_ids.size(0):
             raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
                              f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
-        length = tgt_in_ids.size(1)
+        length, prefix = tgt_in_ids.size(1), places(self.decoder)[1]  # a prefix's keys first (nn/prefix.py)
         if tgt_mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
-            tgt_mask = causal_mask(length, device=tgt_in_ids.device)
-        check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, length)
+            tgt_mask = causal_mask(length, prefix, device=tgt_in_ids.device)
+        check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, prefix + length)
         hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
                                                     need_weights=return_attention)
         if select is not None:
@@ -326,16 +322,15 @@ class Transformer(Model):
         if self.cfg.arch == "encoder":
             memory, _, attentions = self._encode(input_ids, mask, return_attention, pack=not return_attention,
                                                  token_type_ids=token_type_ids, lengths=lengths)
-            prompt = 0 if self.encoder.prompt is None else self.encoder.prompt.length
-            return memory[:, prompt:], {"encoder": attentions}
+            return memory[:, places(self.encoder)[0]:], {"encoder": attentions}
         hidden, attentions = self._decode_all(input_ids, mask, return_attention)
-        return hidden[:, self.decoder.virtual()[0]:], {"decoder": attentions}
+        return hidden[:, places(self.decoder)[0]:], {"decoder": attentions}
 
     def _decode_all(self, input_ids: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list]:
         """A decoder-only model's stack output at every place, a prompt's (nn/prefix.py) first; a
         given ``mask`` covers the virtual places too."""
         self._check_ids("input_ids", input_ids, self.cfg.vocab_size)
-        prompt, prefix = self.decoder.virtual()
+        prompt, prefix = places(self.decoder)
         queries = prompt + input_ids.size(1)
         if mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
             mask = causal_mask(queries, prefix, device=input_ids.device)
@@ -355,7 +350,7 @@ class Transformer(Model):
             raise AtencionError("classification takes a single-stack model (arch encoder or decoder)")
         if self.cfg.arch == "decoder":  # the pooled places include a prompt's (nn/prefix.py), as PEFT's do
             hidden, _ = self._decode_all(input_ids, None, False)
-            return self.classifier(hidden, visible_first(input_ids != self.cfg.pad_id, self.decoder.virtual()[0]))
+            return self.classifier(hidden, visible_first(input_ids != self.cfg.pad_id, places(self.decoder)[0]))
         hidden, mask, _ = self._encode(input_ids, None, False, pack=True, token_type_ids=token_type_ids,
                                        lengths=lengths)
         real = mask[:, 0, 0, :] if mask is not None else hidden.new_ones(hidden.shape[:2], dtype=torch.bool)
@@ -416,7 +411,7 @@ class Transformer(Model):
         if self.cfg.arch == "encoder":
             raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
         first = state.offset == 0
-        prompt, prefix = self.decoder.virtual() if first else (0, 0)
+        prompt, prefix = places(self.decoder) if first else (0, 0)
         if prefix:  # the prefix's places, before the first token's (nn/prefix.py)
             state.skip(prefix, tgt_ids.size(0), tgt_ids.device)
         self_mask = state.self_attention_mask(tgt_ids.size(0), prompt + tgt_ids.size(1), tgt_ids.device)
