@@ -363,3 +363,10 @@ def test_an_encoder_decoder_decodes_step_by_step_as_its_full_pass(kind, group):
         rows = tgt.repeat_interleave(group, 0)
         steps = torch.cat([model.decode_step(rows[:, i:i + 1], state) for i in range(5)], 1)
     torch.testing.assert_close(steps, model(src, tgt).repeat_interleave(group, 0), atol=1e-5, rtol=0)
+
+
+def test_a_prompt_from_the_vocabulary_starts_as_tokens_embeddings():
+    model = small_model(arch="decoder")
+    apply_virtual(model, PromptSpec(4, "vocab"), "base", "0" * 64)
+    table, rows = model.decoder.embed.weight, model.decoder.prompt.embedding.weight
+    assert all(any(torch.equal(row, token) for token in table) for row in rows)

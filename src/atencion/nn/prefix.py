@@ -19,11 +19,12 @@ layer has its own, as for the other archs.)
 
 Prompt tuning prepends ``length`` trainable embeddings to the embeddings of the input (the
 encoder's, or a decoder-only model's), where they take positions 0 … length-1 and the tokens
-follow (PEFT's table for an encoder-decoder holds 2 · length rows, of which its forward reads the
-first length: here only those); ``init: random`` draws them from N(0, 1) (PEFT's default), ``init: vocab`` copies the
-embeddings of tokens drawn at random from the vocabulary (PEFT's ``SAMPLE_VOCAB``). The outputs
-at the prompt's places are dropped from the logits; a classifier pools over all places, as the
-PEFT-wrapped Hugging Face model does (BERT's first place is then the prompt's).
+follow (PEFT's table for an encoder-decoder holds 2 · length rows, of which its forward reads
+the first length: here only those); ``init: random`` draws them from N(0, 1) (PEFT's default),
+``init: vocab`` copies the embeddings of tokens drawn at random from the vocabulary (PEFT's
+``SAMPLE_VOCAB``). The outputs at the prompt's places are dropped from the logits; a classifier
+pools over all places, as the PEFT-wrapped Hugging Face model does (BERT's first place is then
+the prompt's).
 
 Neither can be merged into the weights: the virtual tokens add keys (or positions), not a change
 of W. A model directory holds them as adapters.safetensors (with a new classification head) and
