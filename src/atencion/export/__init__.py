@@ -134,12 +134,15 @@ def export_model_dir(model_dir: str | os.PathLike, out: str | os.PathLike, fmt: 
     from ..nn.lora import merge_lora
     from ..nn.model import Model
     from ..nn.model_dir import check_vocabularies, load_model
+    from ..nn.prefix import unmergeable
 
     need_dir(model_dir, "--model")
     need_output_dir(out, "--out")
     _writer(fmt)  # an unknown format fails before anything is loaded
     # one model (towers, nn/towers.py, are refused); a LoRA model is exported with its adapters folded in
     model = merge_lora(load_model(model_dir, expect=Model))
+    if model.virtual is not None:  # prefix or prompt tuning: nothing to fold in
+        raise unmergeable(f"--model {model_dir}", model.virtual.spec.kind)
     tokenizer = None
     if (Path(model_dir) / INFO_FILE).is_file() or (Path(model_dir) / MARIAN_FILES[0]).is_file():
         tokenizer = Tokenizer.load(model_dir)

@@ -211,6 +211,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         packing: Packing | None = None,
         positions: RelativeTerms | None = None,
+        prefix: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (batch, q_len, d_model) to itself, or to ``memory`` (cross).
 
@@ -219,6 +220,8 @@ class MultiHeadAttention(nn.Module):
         With a ``packing`` (self-attention without a cache), ``x`` holds the real positions only,
         (n, d_model), and so does the result. ``positions``: relative positions of self-attention
         (RoPE turns the new queries and keys before they are cached; ALiBi and T5 add a bias).
+        ``prefix``: keys and values (1, h, P, d_k) put before the new ones, unturned (prefix-tuning,
+        nn/prefix.py); with a cache they enter it, at the first step.
         """
         bias = None
         if not self.cross:
@@ -230,6 +233,10 @@ class MultiHeadAttention(nn.Module):
                 if positions.rotary is not None:
                     q, k = positions.rotate(q), positions.rotate(k)
                 bias = positions.bias
+            if prefix is not None:
+                rows = k.size(0)
+                k, v = (torch.cat([before.expand(rows, -1, -1, -1).to(now.dtype), now], dim=2)
+                        for before, now in zip(prefix, (k, v)))
             if self.kind is not None:
                 return self._kind_attention(q, k, v, mask, cache, need_weights, packing, positions)
             if cache is not None:

@@ -170,6 +170,14 @@ class DecoderState:
         mask = ancestors[:, :, None, :, :] & causal[None, None, :, :, None]      # (b, i, l, s, j)
         return mask.view(rows // k, 1, k * length, (t + length) * k)
 
+    def skip(self, count: int, rows: int, device) -> None:
+        """Count ``count`` places as decoded before the first token: prefix-tuning's keys, which the
+        first step puts in the caches (nn/prefix.py). In a beam each hypothesis sees its own row's."""
+        self.offset += count
+        if self.group > 1:
+            k = self.group
+            self.origin = torch.arange(k, device=device).view(1, k, 1).expand(rows // k, k, count)
+
     @property
     def rewinds(self) -> bool:
         """Whether :meth:`truncate` can forget positions: every self-attention cache keeps all its

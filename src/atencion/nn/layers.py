@@ -138,11 +138,14 @@ class Block(nn.Module):
         need_weights: bool = False,
         packing: Packing | None = None,
         positions: RelativeTerms | None = None,
+        prefix: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """``x``: (batch, length, d_model), or with a ``packing`` its real positions (n, d_model).
-        Returns the output and the self- and cross-attention weights (None unless asked)."""
+        ``prefix``: self-attention's prefix keys and values (nn/prefix.py). Returns the output and
+        the self- and cross-attention weights (None unless asked)."""
         x, self_weights = self.res_self(x, lambda y: self.self_attn(
-            y, mask=self_mask, cache=self_cache, need_weights=need_weights, packing=packing, positions=positions))
+            y, mask=self_mask, cache=self_cache, need_weights=need_weights, packing=packing, positions=positions,
+            prefix=prefix))
         cross_weights = None
         if self.cross_attn is not None:
             x, cross_weights = self.res_cross(x, lambda y: self.cross_attn(

@@ -16,7 +16,8 @@ from .model_dir import load_model, save_model
 
 class Model(nn.Module):
     """The base of the Transformer and the RNN encoder-decoder: ``cfg``, ``lora`` (LoRA
-    adapters and the base they adapt, nn/lora.py) and what does not depend on the layers."""
+    adapters and the base they adapt, nn/lora.py), ``virtual`` (prefix-tuning's or prompt
+    tuning's, nn/prefix.py) and what does not depend on the layers."""
 
     cfg: ModelConfig
 
@@ -26,6 +27,7 @@ class Model(nn.Module):
             raise AtencionError(f"{type(self).__name__}(cfg): expected a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.lora = None
+        self.virtual = None  # prefix-tuning's or prompt tuning's virtual tokens and their base (nn/prefix.py)
 
     def padding_mask(self, ids: Tensor) -> Tensor:
         """(batch, 1, 1, length): True at real tokens, False at padding."""

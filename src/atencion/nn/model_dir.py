@@ -7,6 +7,8 @@ An atencion model directory holds:
     model.safetensors                  the weights (tied tensors stored once)
     lora.json, adapters.safetensors    instead of the weights: LoRA adapters over a base directory,
                                        named by path and by the SHA-256 of its weights (nn/lora.py)
+    prefix.json or prompt.json,        instead of the weights: prefix-tuning's or prompt tuning's virtual
+    adapters.safetensors               tokens over a base directory, named alike (nn/prefix.py)
     the tokenizer's files              data/tokenizer.py (tokenizer.json and the subword models); none
                                        for a model without a vocabulary (a ViT reads images: ``has_vocabulary``)
 
@@ -64,6 +66,7 @@ from ..fileio import (
     read_json,
 )
 from .lora import KEYS, LoraSpec, apply_lora, merge_lora, trainable_state
+from .prefix import SPECS, apply_virtual, spec_from_config, unmergeable
 from .quantize import quantize_int8
 from .towers import LOG_SCALE_MAX, Towers
 
@@ -73,6 +76,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's table of tensor → shard (Hugging Face)
 LORA_FILE, ADAPTERS_FILE = "lora.json", "adapters.safetensors"
+VIRTUAL_FILES = {kind: f"{kind}.json" for kind in SPECS}  # prefix.json, prompt.json (nn/prefix.py)
 TOWERS_FILE = "towers.json"
 
 # arch → the Model subclass that builds it; filled by @register_arch on each class
@@ -219,7 +223,7 @@ def save_model(model: nn.Module, directory: str | os.PathLike) -> None:
             save_model(tower, directory / name)
         atomic_write_text(directory / TOWERS_FILE, json.dumps(model.record(), indent=2) + "\n")
         return
-    if model.lora is not None:
+    if model.lora is not None or model.virtual is not None:
         _save_adapters(model, directory)
         return
     state = model.state_dict()
@@ -253,7 +257,7 @@ def load_model(directory: str | os.PathLike, map_location: str | torch.device = 
     if reader is not None:
         model = reader.read_model(directory)
         _check_class(model, directory / CONFIG_FILE, expect)
-    elif (directory / LORA_FILE).is_file():
+    elif (directory / LORA_FILE).is_file() or virtual_file(directory) is not None:
         model = _load_adapted(directory, map_location, expect)
     else:
         cfg = ModelConfig.load(directory / CONFIG_FILE)
@@ -280,40 +284,62 @@ def _check_class(model: nn.Module, where, expect: type | None) -> None:
                             f"not a {expect.__name__}; load it with atencion.load")
 
 
+def virtual_file(directory: Path) -> Path | None:
+    """The prefix.json or prompt.json of a directory of virtual tokens (nn/prefix.py), or None."""
+    return next((directory / name for name in VIRTUAL_FILES.values() if (directory / name).is_file()), None)
+
+
 def _save_adapters(model: nn.Module, directory: Path) -> None:
+    """LoRA's adapters and lora.json, or the virtual tokens and prefix.json or prompt.json (with a
+    new head, as trainable_state gives it)."""
     from safetensors.torch import save
 
-    info = model.lora
+    info = model.lora or model.virtual
     tensors = trainable_state(model)
     bad = non_finite(tensors)
     if bad:
         raise AtencionError(f"{directory}: not saved: {bad} (the model diverged)")
     atomic_write_bytes(directory / ADAPTERS_FILE, save(tensors))
-    record = {"base": info.base, "base_sha256": info.base_sha256, **asdict(info.spec), "modules": info.modules}
-    atomic_write_text(directory / LORA_FILE, json.dumps(record, indent=2) + "\n")
+    record = {"base": info.base, "base_sha256": info.base_sha256, **asdict(info.spec)}
+    if model.lora is not None:
+        record["modules"] = info.modules
+    name = LORA_FILE if model.lora is not None else VIRTUAL_FILES[info.spec.kind]
+    atomic_write_text(directory / name, json.dumps(record, indent=2) + "\n")
     atomic_write(directory / CONFIG_FILE, model.cfg.save)
 
 
 def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Module:
-    """A LoRA model: its base (checked against the recorded checksum), then the adapters."""
+    """A LoRA model or one of virtual tokens: its base (checked against the recorded checksum),
+    then the adapters."""
     from safetensors.torch import load_file
 
-    record = read_lora_file(directory)
-    spec = LoraSpec.from_config({key: record[key] for key in KEYS}, where=str(directory / LORA_FILE))
-    base_dir = check_base(directory, record)
-    if (base_dir / LORA_FILE).is_file():
-        raise AtencionError(f"{directory / LORA_FILE}: its base {base_dir} is itself a LoRA model; "
-                            f"a base must hold plain weights")
+    lora = (directory / LORA_FILE).is_file()
+    description = directory / LORA_FILE if lora else virtual_file(directory)
+    record = read_lora_file(directory) if lora else _read_virtual_file(description)
+    base_dir = check_base(description, record)
+    if (base_dir / LORA_FILE).is_file() or virtual_file(base_dir) is not None:
+        raise AtencionError(f"{description}: its base {base_dir} is itself an adapted model (LoRA, prefix or "
+                            f"prompt); a base must hold plain weights")
     model = build_model(ModelConfig.load(directory / CONFIG_FILE)).to(map_location)
     _check_class(model, directory / CONFIG_FILE, expect)
-    new = model.start_from(load_model(base_dir, map_location, expect), f"{directory / LORA_FILE}: base {base_dir}")
-    names = apply_lora(model, spec, base_dir, record["base_sha256"], trainable=new)
-    if names != record["modules"]:
-        raise AtencionError(f"{directory / LORA_FILE}: its targets now select {names[:3]}…, "
-                            f"not the layers it adapted {record['modules'][:3]}…")
+    new = model.start_from(load_model(base_dir, map_location, expect), f"{description}: base {base_dir}")
+    if lora:
+        spec = LoraSpec.from_config({key: record[key] for key in KEYS}, where=str(description))
+        names = apply_lora(model, spec, base_dir, record["base_sha256"], trainable=new)
+        if names != record["modules"]:
+            raise AtencionError(f"{description}: its targets now select {names[:3]}…, "
+                                f"not the layers it adapted {record['modules'][:3]}…")
+    else:
+        kind = description.stem
+        spec = spec_from_config(kind, {key: value for key, value in record.items() if key not in BASE_KEYS},
+                                where=str(description))
+        try:
+            apply_virtual(model, spec, base_dir, record["base_sha256"], trainable=new)
+        except AtencionError as err:
+            raise AtencionError(f"{description}: {err}") from None
     path = directory / ADAPTERS_FILE
     if not path.is_file():
-        raise MissingFileError(f"{path}: LoRA adapters not found")
+        raise MissingFileError(f"{path}: adapters not found ({description.name} names them)")
     try:
         tensors = load_file(str(path), device=str(map_location))
     except Exception as err:  # safetensors raises its own error types for damaged files
@@ -321,7 +347,7 @@ def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Modu
     expected = {name: p for name, p in model.named_parameters() if p.requires_grad}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise AtencionError(f"{path}: adapters do not match {directory / LORA_FILE}; "
+        raise AtencionError(f"{path}: adapters do not match {description}; "
                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     for name, tensor in tensors.items():
         if tensor.shape != expected[name].shape:
@@ -390,17 +416,32 @@ def read_lora_file(directory: Path) -> dict:
     return record
 
 
-def check_base(directory: Path, record: dict) -> Path:
-    """The base model directory that ``record`` (read from ``directory``'s lora.json) names,
-    present and with the weights the adapters were trained on."""
+BASE_KEYS = ("base", "base_sha256")  # what an adapter's description holds beside its spec
+
+
+def _read_virtual_file(path: Path) -> dict:
+    """prefix.json or prompt.json, with the base's keys of the right types."""
+    record = read_json(path, "virtual tokens' description")
+    if not isinstance(record, dict):
+        raise AtencionError(f"{path}: expected a JSON object with {list(BASE_KEYS)} and the spec's keys")
+    for key in BASE_KEYS:
+        if not isinstance(record.get(key), str):
+            raise AtencionError(f"{path}: {key!r} must be a str, got {record.get(key)!r}")
+    return record
+
+
+def check_base(description: Path, record: dict) -> Path:
+    """The base model directory that ``record`` (read from ``description``: lora.json,
+    prefix.json, prompt.json) names, present and with the weights the adapters were trained on."""
     base = Path(record["base"])
     try:
         weights_files(base)
     except MissingFileError:
-        raise MissingFileError(f"{directory / LORA_FILE}: its base model {base} is missing (no {WEIGHTS_FILE}); "
-                               f"put the base back there, or give its new place as \"base\" in {LORA_FILE}") from None
+        raise MissingFileError(f"{description}: its base model {base} is missing (no {WEIGHTS_FILE}); "
+                               f"put the base back there, or give its new place as \"base\" in "
+                               f"{description.name}") from None
     if weights_checksum(base) != record["base_sha256"]:
-        raise AtencionError(f"{directory / LORA_FILE}: the base model {base} has changed since these adapters "
+        raise AtencionError(f"{description}: the base model {base} has changed since these adapters "
                             f"were trained (SHA-256 of {WEIGHTS_FILE} differs); the adapters fit only the "
                             f"original weights")
     return base
@@ -464,6 +505,8 @@ def merge_lora_dir(model: str | os.PathLike, out: str | os.PathLike) -> int:
     """Fold the LoRA adapters of the model directory ``model`` into its base weights and write a
     plain model directory ``out`` (new or empty); returns its parameter count."""
     model_dir = need_dir(model, "--model")
+    if virtual_file(model_dir) is not None:
+        raise unmergeable(f"--model {model_dir}", virtual_file(model_dir).stem)
     if not (model_dir / LORA_FILE).is_file():
         raise AtencionError(f"--model {model_dir}: has no {LORA_FILE}, so it holds no LoRA adapters to merge")
     out = need_output_dir(out, "--out")

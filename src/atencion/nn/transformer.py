@@ -19,6 +19,7 @@ from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
 from .model_dir import register_arch
 from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
+from .prefix import places, visible_first
 
 
 def _relative_terms(relative: nn.Module | None, q_pos: Tensor, k_pos: Tensor, causal: bool,
@@ -59,6 +60,7 @@ class Encoder(nn.Module):
         shared = shared_module(cfg)
         self.layers = nn.ModuleList(Block(cfg, index=i, shared=shared) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
+        self.prefix = self.prompt = None  # virtual tokens (nn/prefix.py), when the model is adapted by them
 
     def forward(self, src_ids: Tensor, mask: Tensor | None, need_weights: bool = False, pack: bool = False,
                 token_type_ids: Tensor | None = None):
@@ -67,26 +69,39 @@ class Encoder(nn.Module):
         the layers compute on the real positions only and the output is zero at the masked ones;
         nothing reads them, as the mask hides them from every query. ``src_ids``: token ids or,
         for an encoder of another input kind, the embeddings (batch, length, d_model) its module
-        made of the raw batch (``Transformer._encode``)."""
+        made of the raw batch (``Transformer._encode``). A prompt's places come first (``mask``
+        covers them: ``_encode`` extended it); a prefix's keys come before every layer's keys, and
+        the tokens take the places after them (nn/prefix.py)."""
         x = self.embed(src_ids) if self.tokens else src_ids
+        offset, prefix = 0, None
+        if self.prompt is not None:
+            x = self.prompt.prepend(x)
+            if token_type_ids is not None:  # the prompt's places are of type 0 (as PEFT gives them)
+                token_type_ids = torch.cat([token_type_ids.new_zeros(x.size(0), self.prompt.length), token_type_ids], 1)
+        if self.prefix is not None:
+            prefix, offset = self.prefix(), self.prefix.length
         if self.positions is not None:
-            x = x + self.positions(x.size(1))
+            x = x + self.positions(x.size(1), offset)
         if self.token_types is not None:
-            x = x + self.token_types(token_type_ids if token_type_ids is not None else torch.zeros_like(src_ids))
+            types = token_type_ids if token_type_ids is not None else x.new_zeros(x.shape[:2], dtype=torch.long)
+            x = x + self.token_types(types)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         positions = None
         if self.relative is not None or not self.full:  # bidirectional: every query sees every key
-            where = torch.arange(x.size(1), device=x.device)
+            where = torch.arange(offset, offset + x.size(1), device=x.device)
             positions = _relative_terms(self.relative, where, where, False, where)
         packing = None
         if pack and not need_weights and mask is not None and mask.shape[1:3] == (1, 1) and not mask.all():
             packing = Packing(mask[:, 0, 0, :].expand(x.shape[:2]))
             x = packing.pack(x)
+        if prefix is not None and mask is not None:  # every query sees the prefix
+            mask = visible_first(mask, offset)
         x = self.dropout(x)
         attentions = []
-        for layer in self.layers:
-            x, weights, _ = layer(x, mask, need_weights=need_weights, packing=packing, positions=positions)
+        for i, layer in enumerate(self.layers):
+            x, weights, _ = layer(x, mask, need_weights=need_weights, packing=packing, positions=positions,
+                                  prefix=None if prefix is None else prefix[i])
             attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -112,11 +127,19 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, cross=cross, index=i, causal=True)
                                     for i in range(cfg.decoder_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_first else None
+        self.prefix = self.prompt = None  # virtual tokens (nn/prefix.py), when the model is adapted by them
 
-    def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False):
-        offset = state.offset if state is not None else 0
-        length = tgt_ids.size(1)
+    def forward(self, tgt_ids, memory, self_mask, memory_mask, state=None, need_weights=False, first=True):
+        """``first``: the first step (or the whole text), where virtual tokens enter: a prompt's
+        places before the tokens', a prefix's keys before every layer's (its places already in
+        ``state``'s offset: ``DecoderState.skip``). ``self_mask`` covers them."""
+        prompt, skipped = places(self) if first else (0, 0)
+        offset = state.offset if state is not None else skipped
         x = self.embed(tgt_ids)
+        if prompt:
+            x = self.prompt.prepend(x)
+        prefix = self.prefix() if skipped else None
+        length = x.size(1)
         if self.positions is not None:
             x = x + self.positions(length, offset)
         if self.embed_norm is not None:
@@ -134,13 +157,13 @@ class Decoder(nn.Module):
             self_cache = state.self_caches[i] if state is not None else None
             cross_cache = state.cross_caches[i] if state is not None else None
             x, w_self, w_cross = layer(x, self_mask, memory, memory_mask, self_cache, cross_cache, need_weights,
-                                       positions=positions)
+                                       positions=positions, prefix=None if prefix is None else prefix[i])
             self_attn.append(w_self)
             cross_attn.append(w_cross)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if state is not None:
-            state.offset += tgt_ids.size(1)
+            state.offset += length
         return x, self_attn, cross_attn
 
 
@@ -274,10 +297,10 @@ class Transformer(Model):
         if tgt_in_ids.size(0) != src_ids.size(0):
             raise AtencionError(f"src_ids and tgt_in_ids must have the same batch size, got "
                              f"{src_ids.size(0)} and {tgt_in_ids.size(0)}")
-        length = tgt_in_ids.size(1)
+        length, prefix = tgt_in_ids.size(1), places(self.decoder)[1]  # a prefix's keys first (nn/prefix.py)
         if tgt_mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
-            tgt_mask = causal_mask(length, device=tgt_in_ids.device)
-        check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, length)
+            tgt_mask = causal_mask(length, prefix, device=tgt_in_ids.device)
+        check_mask(tgt_mask, "tgt_mask", tgt_in_ids.size(0), length, prefix + length)
         hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
                                                     need_weights=return_attention)
         if select is not None:
@@ -299,16 +322,23 @@ class Transformer(Model):
         if self.cfg.arch == "encoder":
             memory, _, attentions = self._encode(input_ids, mask, return_attention, pack=not return_attention,
                                                  token_type_ids=token_type_ids, lengths=lengths)
-            return memory, {"encoder": attentions}
+            return memory[:, places(self.encoder)[0]:], {"encoder": attentions}
+        hidden, attentions = self._decode_all(input_ids, mask, return_attention)
+        return hidden[:, places(self.decoder)[0]:], {"decoder": attentions}
+
+    def _decode_all(self, input_ids: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list]:
+        """A decoder-only model's stack output at every place, a prompt's (nn/prefix.py) first; a
+        given ``mask`` covers the virtual places too."""
         self._check_ids("input_ids", input_ids, self.cfg.vocab_size)
-        length = input_ids.size(1)
+        prompt, prefix = places(self.decoder)
+        queries = prompt + input_ids.size(1)
         if mask is None and self.decoder.full:  # another kind builds no mask: it knows it is causal
-            mask = causal_mask(length, device=input_ids.device)
-        check_mask(mask, "mask", input_ids.size(0), length, length)
-        hidden, attentions, _ = self.decoder(input_ids, None, mask, None, need_weights=return_attention)
+            mask = causal_mask(queries, prefix, device=input_ids.device)
+        check_mask(mask, "mask", input_ids.size(0), queries, prefix + queries)
+        hidden, attentions, _ = self.decoder(input_ids, None, mask, None, need_weights=need_weights)
         if self.cfg.scale_output:
             hidden = hidden * self.cfg.d_model ** -0.5
-        return hidden, {"decoder": attentions}
+        return hidden, attentions
 
     def classify(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                  lengths: Tensor | None = None) -> Tensor:
@@ -318,9 +348,9 @@ class Transformer(Model):
             raise AtencionError("this model has no classification head (num_labels is 0)")
         if self.cfg.arch == "encoder-decoder":
             raise AtencionError("classification takes a single-stack model (arch encoder or decoder)")
-        if self.cfg.arch == "decoder":
-            hidden, _ = self.hidden(input_ids, token_type_ids=token_type_ids)
-            return self.classifier(hidden, input_ids != self.cfg.pad_id)
+        if self.cfg.arch == "decoder":  # the pooled places include a prompt's (nn/prefix.py), as PEFT's do
+            hidden, _ = self._decode_all(input_ids, None, False)
+            return self.classifier(hidden, visible_first(input_ids != self.cfg.pad_id, places(self.decoder)[0]))
         hidden, mask, _ = self._encode(input_ids, None, False, pack=True, token_type_ids=token_type_ids,
                                        lengths=lengths)
         real = mask[:, 0, 0, :] if mask is not None else hidden.new_ones(hidden.shape[:2], dtype=torch.bool)
@@ -348,6 +378,8 @@ class Transformer(Model):
         if src_mask is None:
             src_mask = self.padding_mask(src_ids)
         check_mask(src_mask, "src_mask", src_ids.size(0), 1, src_ids.size(1))
+        if self.encoder.prompt is not None:  # the prompt's places come first, seen by every query
+            src_mask = visible_first(src_mask.expand(src_ids.size(0), 1, 1, -1), self.encoder.prompt.length)
         if token_type_ids is not None:
             self._check_ids("token_type_ids", token_type_ids, max(self.cfg.type_vocab_size, 1))
             if token_type_ids.shape != src_ids.shape:
@@ -376,10 +408,15 @@ class Transformer(Model):
         """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and
         extending ``state``; equal to the full forward pass at those positions."""
         self._check_ids("tgt_ids", tgt_ids, self.cfg.target_vocab_size)
-        self_mask = state.self_attention_mask(tgt_ids.size(0), tgt_ids.size(1), tgt_ids.device)
         if self.cfg.arch == "encoder":
             raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
-        hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state)
+        first = state.offset == 0
+        prompt, prefix = places(self.decoder) if first else (0, 0)
+        if prefix:  # the prefix's places, before the first token's (nn/prefix.py)
+            state.skip(prefix, tgt_ids.size(0), tgt_ids.device)
+        self_mask = state.self_attention_mask(tgt_ids.size(0), prompt + tgt_ids.size(1), tgt_ids.device)
+        hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state, first=first)
+        hidden = hidden[:, prompt:]
         state.memory = None  # now in the cross-attention caches
         if self.cfg.scale_output:
             hidden = hidden * self.cfg.d_model ** -0.5

@@ -20,6 +20,7 @@ from ..errors import AtencionError, MissingFileError
 from ..nn.inputs import input_kind, input_kind_named
 from ..nn.lora import LoraSpec
 from ..nn.positional import position_limit
+from ..nn.prefix import spec_from_config
 from ..tasks import TASKS
 from ..tasks.contrastive import tower_configs
 
@@ -74,6 +75,9 @@ class OptimConfig:
     init_from: str | None = None        # start from this trained model directory (its weights and tokenizer)
     lora: dict[str, Any] | None = None  # LoRA adapters over the frozen init_from weights: {rank, alpha, dropout,
                                         # targets} (nn/lora.py)
+    prefix: dict[str, Any] | None = None  # prefix-tuning over the frozen init_from weights: {length, projection,
+                                        # hidden} (nn/prefix.py); one of lora, prefix, prompt
+    prompt: dict[str, Any] | None = None  # prompt tuning over the frozen init_from weights: {length, init}
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -197,6 +201,7 @@ YES_NO = {"data.header"}
 # What a model started from train.init_from may change (regularisation and the new head); any
 # other model key the config gives must agree with the model it starts from.
 INIT_FROM_KEYS = {"dropout", "attention_dropout", "pooling"}
+ADAPTER_KEYS = ("lora", "prefix", "prompt")  # the ways train adapts a frozen train.init_from (one at a time)
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -231,7 +236,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         if not isinstance(raw[section], dict):
             raise AtencionError(f"{source}: section {section!r} must be a mapping")
         target = raw[section]
-        if section == "model" and "." in name:  # a setting inside a model key's mapping: model.moe.experts=4
+        if section in ("model", "train") and "." in name:  # inside a key's mapping: model.moe.experts=4
             outer, name = name.split(".", 1)
             if isinstance(target.get(outer), str):  # a kind by its bare name (inputs: patches): {kind: patches}
                 target[outer] = {"kind": target[outer]}
@@ -404,21 +409,25 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if d.valid_tokens is not None and d.train_tokens is None:
         raise AtencionError(f"{source}: data.valid_tokens goes with data.train_tokens (text validates with "
                             f"data.valid_text)")
-    if t.lora is not None:
+    adapters = [key for key in ADAPTER_KEYS if getattr(t, key) is not None]
+    if len(adapters) > 1:
+        raise AtencionError(f"{source}: train.{adapters[0]} and train.{adapters[1]} are given; a run adapts a "
+                            f"model one way: keep one of train.lora, train.prefix, train.prompt")
+    for key in adapters:
         try:
-            LoraSpec.from_config(t.lora)
+            LoraSpec.from_config(t.lora) if key == "lora" else spec_from_config(key, getattr(t, key))
         except AtencionError as err:
             raise AtencionError(f"{source}: {err}") from None
         if t.init_from is None:
-            raise AtencionError(f"{source}: train.lora adapts a trained model: set train.init_from to it")
+            raise AtencionError(f"{source}: train.{key} adapts a trained model: set train.init_from to it")
         if t.distributed == "fsdp":
-            raise AtencionError(f"{source}: train.lora trains under train.distributed ddp only (its adapters are "
+            raise AtencionError(f"{source}: train.{key} trains under train.distributed ddp only (its adapters are "
                                 f"small: sharding them saves little)")
     if cfg.task == "contrastive":  # each tower's section, checked now as a model section is (tasks/contrastive.py)
 
-        if t.init_from is not None or t.lora is not None:
-            raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from and train.lora "
-                                f"are for the single-model tasks")
+        if t.init_from is not None or adapters:
+            raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from, train.lora, "
+                                f"train.prefix and train.prompt are for the single-model tasks")
         if t.distributed != "ddp" or t.activation_checkpointing:
             raise AtencionError(f"{source}: task contrastive trains in one process (its own loop, "
                                 f"train/towers.py); train.distributed fsdp and train.activation_checkpointing are "
@@ -440,8 +449,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                             f"none")
 
 
-def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
-    """The model must be one the task can train: its arch, and positions long enough for the data."""
+def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str, virtual: int = 0) -> None:
+    """The model must be one the task can train: its arch, and positions long enough for the data
+    (and for the ``virtual`` places before it: train.prefix, train.prompt)."""
     archs = TASKS[cfg.task].archs
     if model.arch not in archs:
         raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
@@ -453,9 +463,10 @@ def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str) -> None:
         return
     longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
                     else (cfg.data.max_len + (1 if cfg.task in ("translate", "transcribe") else 2), "data.max_len"))
-    if longest > limit:
-        raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens but the model's learned "
-                            f"positions stop at model.max_positions={limit}")
+    if longest + virtual > limit:
+        after = f" after the {virtual} virtual places of train.prefix or train.prompt" if virtual else ""
+        raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens{after} but the model's "
+                            f"learned positions stop at model.max_positions={limit}")
 
 
 def dump_config(cfg: TrainConfig) -> str:

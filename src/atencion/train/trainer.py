@@ -32,9 +32,10 @@ from ..nn.lora import LoraSpec, apply_lora, select_targets
 from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
+from ..nn.prefix import apply_virtual, check_fits, spec_from_config, unmergeable
 from ..tasks import Task, make_task
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import TrainConfig, dump_config, load_config
+from .config import ADAPTER_KEYS, TrainConfig, check_task_model, dump_config, load_config
 from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .schedule import build_optimizer, learning_rate
 from .towers import train_towers
@@ -68,14 +69,20 @@ def resolve_start(cfg: TrainConfig, checkpoint: Path | None, task: Task | None =
     t = cfg.train
     if checkpoint is not None:  # the model as saved, its adapters unmerged: they train on
         model, tokenizer = load_model_dir(checkpoint, what="checkpoint", merge=False)
-        if model.lora is not None or t.lora is not None:
-            _same_lora(model, t.lora, checkpoint)
+        _same_adapters(model, t, checkpoint)
         return Start(model, tokenizer, checkpoint, shape=model.cfg if t.init_from is not None else None)
     if t.init_from is None:
         return Start()
     model, tokenizer = load_model_dir(t.init_from, what="train.init_from")
+    if model.virtual is not None:
+        raise unmergeable(f"train.init_from {t.init_from}", model.virtual.spec.kind)
     if t.lora is not None:
         _check_lora_base(model, cfg)
+    for key in ("prefix", "prompt"):
+        if getattr(t, key) is not None:
+            spec = spec_from_config(key, getattr(t, key))
+            check_fits(model, spec, f"train.init_from {t.init_from}")
+            check_task_model(cfg, model.cfg, f"train.init_from {t.init_from}", virtual=spec.length)
     if task is not None:
         _check_init_from(cfg, task, model.cfg, tokenizer)
     return Start(model, tokenizer, shape=model.cfg)
@@ -110,7 +117,7 @@ class Trainer:
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
         self.model = build_model(model_cfg).to(self.device)
         new_head = self._copy_init_from(start)
-        self._add_lora(start, new_head)
+        self._adapt(start, new_head)
         self._restore_weights(start)  # before fsdp shards them
         set_activation_checkpointing(self.model, t.activation_checkpointing)
         unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
@@ -173,21 +180,27 @@ class Trainer:
         log.info("started from %s%s", init_from, " (a new classification head)" if new_head else "")
         return new_head
 
-    def _add_lora(self, start: Start, new_head: list[str]) -> None:
-        """LoRA (train.lora): adapters over the frozen init_from weights; a new head trains beside them."""
+    def _adapt(self, start: Start, new_head: list[str]) -> None:
+        """LoRA (train.lora) or virtual tokens (train.prefix, train.prompt: nn/prefix.py) over the
+        frozen init_from weights; a new head trains beside them."""
         t = self.cfg.train
-        if t.lora is None:
+        key = next((key for key in ADAPTER_KEYS if getattr(t, key) is not None), None)
+        if key is None:
             return
         if start.checkpoint is not None:  # the checkpoint's adapters again: the same base, the same trainable head
             new_head = [name for name, p in start.model.named_parameters()
-                        if p.requires_grad and not name.endswith(("lora_A", "lora_B"))]
-            base, checksum = start.model.lora.base, start.model.lora.base_sha256
+                        if p.requires_grad and name.startswith("classifier.")]
+            info = start.model.lora or start.model.virtual
+            base, checksum = info.base, info.base_sha256
         else:
             base, checksum = t.init_from, weights_checksum(t.init_from)
-        apply_lora(self.model, LoraSpec.from_config(t.lora), base, checksum, trainable=new_head)
+        if key == "lora":
+            apply_lora(self.model, LoraSpec.from_config(t.lora), base, checksum, trainable=new_head)
+        else:
+            apply_virtual(self.model, spec_from_config(key, getattr(t, key)), base, checksum, trainable=new_head)
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        log.info("LoRA: %d of %d parameters trainable (%.2f%%)", trained, self.model.num_parameters(),
-                 100 * trained / self.model.num_parameters())
+        log.info("%s: %d of %d parameters trainable (%.2f%%)", {"lora": "LoRA"}.get(key, key), trained,
+                 self.model.num_parameters(), 100 * trained / self.model.num_parameters())
 
     def _restore_weights(self, start: Start) -> None:
         """The checkpoint's weights (exact resume), before the model is spread over the processes."""
@@ -533,15 +546,20 @@ def _vocabularies(tokenizer: Tokenizer | None) -> tuple[int, int | None]:
     return tokenizer.src_vocab_size, None if tokenizer.joint else tokenizer.tgt_vocab_size
 
 
-def _same_lora(saved: Model, lora: dict | None, checkpoint: Path) -> None:
-    """--resume must rebuild the adapters it saved (or none)."""
-    had = None if saved.lora is None else saved.lora.spec
-    given = None if lora is None else LoraSpec.from_config(lora)
+def _same_adapters(saved: Model, t, checkpoint: Path) -> None:
+    """--resume must rebuild the adapters it saved (or none): train.lora, train.prefix, train.prompt."""
+    info = saved.lora or saved.virtual
+    had = None if info is None else info.spec
+    key = next((key for key in ADAPTER_KEYS if getattr(t, key) is not None), None)
+    given = None if key is None else LoraSpec.from_config(t.lora) if key == "lora" else \
+        spec_from_config(key, getattr(t, key))
     if had != given:
         def show(spec):
-            return "no train.lora" if spec is None else f"train.lora {spec}"
+            if spec is None:
+                return "no train.lora, train.prefix or train.prompt"
+            return f"train.{'lora' if isinstance(spec, LoraSpec) else spec.kind} {spec}"
         raise AtencionError(f"{checkpoint}: was trained with {show(had)} but the config given now has "
-                            f"{show(given)}; train.lora cannot change on --resume")
+                            f"{show(given)}; the adapters cannot change on --resume")
 
 
 def _same_model(saved: ModelConfig, given: ModelConfig, checkpoint: Path) -> None:

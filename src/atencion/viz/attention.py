@@ -65,6 +65,7 @@ from ..decode.sample import generate_ids
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
 from ..nn.positional import position_limit
+from ..nn.prefix import places
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +246,10 @@ def capture_self_attention(model, tokenizer, text: str, max_new_tokens: int = 0)
         raise AtencionError(f"--max-new-tokens: only a decoder-only model (GPT) generates; this model is "
                             f"{ARCH_NAMES[cfg.arch]}")
     prompt = self_attention_ids(model, tokenizer, text)
+    # the places of virtual tokens (nn/prefix.py) come first: a prompt's queries and keys, a prefix's keys
+    prompt_places, prefix_places = places(model.encoder if cfg.arch == "encoder" else model.decoder)
     limit = position_limit(cfg)
-    if limit is not None and len(prompt) + max_new_tokens > limit:
+    if limit is not None and prompt_places + prefix_places + len(prompt) + max_new_tokens > limit:
         raise AtencionError(f"--text: {len(prompt)} tokens + --max-new-tokens {max_new_tokens} pass this model's "
                             f"learned positions, which stop at max_positions={limit}")
     device = next(model.parameters()).device
@@ -258,9 +261,10 @@ def capture_self_attention(model, tokenizer, text: str, max_new_tokens: int = 0)
         _, attn = model(ids, return_attention=True)
     kind = cfg.arch
     weights = torch.stack(attn[kind])[:, 0].float().cpu().numpy()
-    labels = [token_label(tokenizer, i) for i in ids[0].tolist()]
+    rows = [f"<prompt {i + 1}>" for i in range(prompt_places)] + [token_label(tokenizer, i) for i in ids[0].tolist()]
+    cols = [f"<prefix {i + 1}>" for i in range(prefix_places)] + rows
     generated = tokenizer.decode(ids[0, len(prompt):].tolist())
-    return SelfAttention(text, generated, ids.size(1) - len(prompt), AttentionMap(kind, weights, labels, labels),
+    return SelfAttention(text, generated, ids.size(1) - len(prompt), AttentionMap(kind, weights, rows, cols),
                          attention_kind(cfg))
 
 
