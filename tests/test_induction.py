@@ -131,3 +131,23 @@ def test_the_detector_takes_decoders_only():
     with pytest.raises(AtencionError, match="decoder-only model"):
         induction_scores(Transformer(cfg), length=5, rows=1)
     assert np.isfinite(induction_scores(hand_built(), length=5, rows=1).copying).all()
+
+
+def test_the_induction_command_prints_the_scores_of_a_model_directory(tmp_path, capsys):
+    import json
+
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.nn.model_dir import save_model_dir
+    from conftest import run_cli
+
+    tokenizer = Tokenizer.train_text(["abcdefghijklmno\n"], kind="char")   # 4 special ids + 16 characters
+    save_model_dir(tmp_path / "model", hand_built(), tokenizer)
+    status, out, _ = run_cli(["induction", "--model", str(tmp_path / "model"), "--length", "12", "--rows", "6"],
+                             capsys)
+    report = json.loads(out)
+    assert status == 0 and report["induction_heads"] == [[1, 0]] and report["prefix_matching"][1][0] > 0.9
+    (tmp_path / "text.txt").write_text("abc\n" * 200)
+    status, _, err = run_cli(["induction", "--model", str(tmp_path / "model"), "--length", "12",
+                              "--text", str(tmp_path / "text.txt")],
+                             capsys)
+    assert status == 2 and "max_positions=32" in err and len(err.strip().splitlines()) == 1

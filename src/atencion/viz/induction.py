@@ -145,18 +145,31 @@ def induction_scores(model, length: int = 100, rows: int = 8, seed: int = 0) -> 
 
 
 @torch.no_grad()
-def loss_by_position(model, ids: Tensor) -> Tensor:
-    """The mean loss (nats) of the token at each index 1 … L−1 of the rows of ``ids`` (batch, L),
-    each predicted from the tokens before it; index 0 (nothing before it) is NaN."""
+def loss_by_position(model, ids: Tensor, positions: list[int] | None = None, rows_per_pass: int = 32) -> Tensor:
+    """The mean loss (nats) over the rows of ``ids`` (batch, L) of the token at each index of
+    ``positions`` (default: 1 … L−1; index 0, which nothing comes before, is NaN), each predicted
+    from the tokens before it. Only those positions go through the unembedding, ``rows_per_pass``
+    rows at a time."""
     _require_decoder(model)
+    length = ids.size(1)
+    positions = list(range(length)) if positions is None else positions
+    if not all(0 <= i < length for i in positions):
+        raise AtencionError(f"positions must be token indices below the text's length ({length}), got {positions}")
+    wanted = [i for i in positions if i > 0]
+    select = torch.zeros(length, dtype=torch.bool, device=ids.device)
+    select[[i - 1 for i in wanted]] = True       # the output at i − 1 predicts the token at i
     was_training = model.training
     model.eval()
     try:
-        logits = model(ids)
+        total = torch.zeros(len(wanted))
+        for chunk in ids.split(rows_per_pass):
+            logits = model(chunk, select=select.expand(chunk.shape)).view(chunk.size(0), len(wanted), -1)
+            losses = nn.functional.cross_entropy(logits.transpose(1, 2), chunk[:, wanted], reduction="none")
+            total += losses.sum(0).cpu()
     finally:
         model.train(was_training)
-    losses = nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
-    return torch.cat([losses.new_full((1,), float("nan")), losses.mean(0)])
+    means = dict(zip(wanted, (total / ids.size(0)).tolist()))
+    return torch.tensor([means.get(i, float("nan")) for i in positions])
 
 
 def icl_score(model, ids: Tensor, early: int = 50, late: int = 500) -> float:
@@ -165,5 +178,34 @@ def icl_score(model, ids: Tensor, early: int = 50, late: int = 500) -> float:
     if not 0 < early < late < ids.size(1):
         raise AtencionError(f"the in-context learning score compares tokens {early} and {late}: it needs "
                             f"0 < {early} < {late} < the text's length ({ids.size(1)} tokens)")
-    losses = loss_by_position(model, ids)
-    return float(losses[late] - losses[early])
+    at_early, at_late = loss_by_position(model, ids, [early, late]).tolist()
+    return at_late - at_early
+
+
+def text_rows(ids: Tensor, length: int = 512, stride: int = 256) -> Tensor:
+    """Rows of ``length`` tokens of the token stream ``ids``, one starting every ``stride`` tokens:
+    the held-out text the in-context learning score reads."""
+    if ids.numel() < length:
+        raise AtencionError(f"the text has {ids.numel()} tokens; the in-context learning score reads rows of "
+                            f"{length}")
+    return torch.stack([ids[start:start + length] for start in range(0, ids.numel() - length + 1, stride)])
+
+
+def induction_report(model_dir, length: int = 100, rows: int = 8, seed: int = 0, text: str | None = None,
+                     context: int = 512, device: str = "cpu") -> dict:
+    """The scores of the model directory ``model_dir`` (a decoder): every head's prefix-matching
+    and copying score, the heads that pass both thresholds, and, with a held-out ``text`` file,
+    the in-context learning score on its rows of ``context`` tokens (tasks/lm.py's stream)."""
+    from ..data.text import read_text
+    from ..nn.model_dir import load_model_dir
+    from ..tasks.lm import text_stream
+
+    model, tokenizer = load_model_dir(model_dir, device=device)
+    _require_decoder(model)
+    scores = induction_scores(model, length, rows, seed)
+    report = {**scores.to_dict(), "induction_heads": scores.induction_heads()}
+    if text is not None:
+        stream = torch.tensor(text_stream(read_text(text, "--text"), tokenizer), dtype=torch.long, device=device)
+        held_out = text_rows(stream, context)
+        report.update(icl=round(icl_score(model, held_out), 4), icl_rows=len(held_out))
+    return report
