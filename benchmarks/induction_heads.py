@@ -81,7 +81,7 @@ def checkpoint(model, valid_rows, step: int, pieces: int, loss: float, started: 
     scores = induction_scores(model, length=100, rows=8)
     return {"step": step, "pieces": pieces, "minutes": round((time.time() - started) / 60, 2),
             "train_loss": round(loss, 4), "icl": round(icl_score(model, valid_rows), 4),
-            "prefix_matching": scores.to_dict()["prefix_matching"], "copying": scores.to_dict()["copying"],
+            **{key: value for key, value in scores.to_dict().items() if key not in ("length", "rows")},
             "induction_heads": scores.induction_heads()}
 
 
@@ -118,8 +118,10 @@ def train(args) -> dict:
         if step % args.every == 0 or step == args.steps:
             records.append(checkpoint(model, valid_rows, step, step * args.batch * args.context,
                                       sum(recent) / len(recent), started))
-            print(json.dumps({k: records[-1][k] for k in ("step", "minutes", "train_loss", "icl",
-                                                          "induction_heads")}), file=sys.stderr)
+            best = {key: [max(layer) for layer in records[-1][key]]       # each layer's best head
+                    for key in ("prefix_matching", "copying", "previous_token")}
+            print(json.dumps({**{k: records[-1][k] for k in ("step", "minutes", "train_loss", "icl")}, **best}),
+                  file=sys.stderr)
     save_model_dir(Path(args.out) / "model", model.eval(), tokenizer)
     formed = next((r["step"] for r in records if r["induction_heads"]), None)
     settings = {key: getattr(args, key) for key in ("steps", "every", "batch", "context", "vocab", "d_model",

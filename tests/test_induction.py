@@ -79,6 +79,8 @@ def test_the_detector_finds_the_induction_head_and_the_previous_token_head_is_no
     assert all(scores.prefix_matching[h] < 0.2 for h in others)
     assert all(scores.copying[h] < 0.3 for h in others)
     assert scores.induction_heads() == [(1, 0)]
+    assert scores.previous_token[0, 0] > 0.99      # the first layer's half of the circuit
+    assert all(scores.previous_token[h] < 0.2 for h in [(0, 1), (1, 0), (1, 1)])
 
 
 def test_a_head_that_matches_prefixes_but_writes_elsewhere_does_not_copy():
@@ -94,7 +96,7 @@ def test_a_random_model_scores_low(seed):
     cfg = ModelConfig(vocab_size=200, arch="decoder", n_layers=2, d_model=64, n_heads=4, d_ff=0, dropout=0.0,
                       norm_first=True, positional="learned", max_positions=128)
     scores = induction_scores(Transformer(cfg).eval(), length=50, rows=4)
-    assert scores.prefix_matching.max() < 0.15
+    assert scores.prefix_matching.max() < 0.15 and scores.previous_token.max() < 0.15
     assert scores.copying.max() < 0.2
     assert scores.induction_heads() == []
 

@@ -12,7 +12,8 @@ tokens, then the same T again, a batch of such rows):
 * prefix matching: the attention weight from each position i of the second copy to position
   i − T + 1, the token right after the earlier occurrence of the token at i, averaged over the
   positions and the rows. 1: the head attends there alone; a head that spreads its weight
-  evenly gets about ln 2 / T.
+  evenly gets about ln 2 / T. The previous-token score, the weight on position i − 1 alike, finds
+  the first layer's half of the circuit.
 * copying: the head's own output at a position, o = Σ_k A_ik v_k W_O (its slice of W^O, no
   bias), read through the unembedding as a direct logit contribution: W_U · g ⊙ (o − mean(o))
   with the gain g of the final LayerNorm of a pre-LN model (g ⊙ o for RMSNorm, o itself without a
@@ -45,10 +46,11 @@ from ..nn.attention import repeat_kv
 @dataclass
 class InductionScores:
     """Per-head scores, arrays of shape (layers, heads), on ``rows`` sequences of ``length``
-    random tokens repeated twice."""
+    random tokens repeated twice: prefix matching, copying and previous token (module docstring)."""
 
     prefix_matching: np.ndarray
     copying: np.ndarray
+    previous_token: np.ndarray
     length: int
     rows: int
 
@@ -59,9 +61,9 @@ class InductionScores:
         return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(found))]
 
     def to_dict(self) -> dict:
-        return {"length": self.length, "rows": self.rows,
-                "prefix_matching": np.round(self.prefix_matching.astype(float), 4).tolist(),
-                "copying": np.round(self.copying.astype(float), 4).tolist()}
+        scores = {key: np.round(getattr(self, key).astype(float), 4).tolist()
+                  for key in ("prefix_matching", "copying", "previous_token")}
+        return {"length": self.length, "rows": self.rows, **scores}
 
 
 def repeated_tokens(vocab_size: int, length: int, rows: int, first: int = 4, seed: int = 0) -> Tensor:
@@ -131,9 +133,10 @@ def induction_scores(model, length: int = 100, rows: int = 8, seed: int = 0) -> 
     finally:
         model.train(was_training)
     second = torch.arange(length, 2 * length, device=ids.device)              # the queries of the second copy
-    prefix, copying = [], []
+    prefix, copying, previous = [], [], []
     for w, out in zip(weights, outputs):
         prefix.append(w[:, :, second, second - length + 1].mean(dim=(0, 2)))
+        previous.append(w[:, :, second, second - 1].mean(dim=(0, 2)))
         layer_copying = []
         for head in range(w.size(1)):
             attended = ids.gather(1, w[:, head, second].argmax(-1))            # (rows, length)
@@ -141,7 +144,8 @@ def induction_scores(model, length: int = 100, rows: int = 8, seed: int = 0) -> 
             own = logits.gather(-1, attended[..., None])
             layer_copying.append(((logits >= own).sum(-1) == 1).float().mean())
         copying.append(torch.stack(layer_copying))
-    return InductionScores(torch.stack(prefix).cpu().numpy(), torch.stack(copying).cpu().numpy(), length, rows)
+    arrays = [torch.stack(scores).cpu().numpy() for scores in (prefix, copying, previous)]
+    return InductionScores(*arrays, length, rows)
 
 
 @torch.no_grad()
