@@ -72,7 +72,7 @@ def model_config(vocab_size: int, args):
 
     return ModelConfig(vocab_size=vocab_size, arch="decoder", task="lm", n_layers=2, d_model=args.d_model,
                        n_heads=args.heads, d_ff=0, dropout=0.0, norm_first=True, positional="rope",
-                       max_positions=args.context, scale_embedding=False, bias=False)
+                       max_positions=args.context, scale_embedding=False)
 
 
 def checkpoint(model, valid_rows, step: int, pieces: int, loss: float, started: float) -> dict:

@@ -153,3 +153,22 @@ def test_the_induction_command_prints_the_scores_of_a_model_directory(tmp_path, 
                               "--text", str(tmp_path / "text.txt")],
                              capsys)
     assert status == 2 and "max_positions=32" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_attention_endpoint_scores_a_gpts_heads_when_asked():
+    from fastapi.testclient import TestClient
+
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.serve.app import LoadedModel, create_app
+
+    tokenizer = Tokenizer.train_text(["abcdefghijklmno\n"], kind="char")
+    encoder = Transformer(ModelConfig(vocab_size=V, arch="encoder", n_layers=1, d_model=16, n_heads=2, d_ff=0))
+    served = [LoadedModel("gpt", "", hand_built(), tokenizer), LoadedModel("bert", "", encoder, tokenizer)]
+    with TestClient(create_app(served)) as client:
+        plain = client.post("/attention", json={"text": "abcab"}).json()
+        scored = client.post("/attention", json={"text": "abcab", "induction": True}).json()
+        refused = client.post("/attention", json={"text": "abcab", "model": "bert", "induction": True})
+    assert "induction" not in plain and scored["attention"] == plain["attention"]
+    # 16 repeated tokens: as many as the vocabulary's regular ones, half the 32 learned positions
+    assert scored["induction"]["length"] == 16 and scored["induction"]["induction_heads"] == [[1, 0]]
+    assert refused.status_code == 422 and "arch 'encoder'" in refused.json()["error"]
