@@ -9,13 +9,14 @@ with the in-context learning score and every head's prefix-matching and copying 
 
 The text: the first 90% of the file (the last 10% is held out, as nanoGPT splits it), one stream
 of pieces with ``</s>`` after each line (tasks/lm.py's ``text_stream``). Each update reads
-``--batch`` rows of ``--context`` pieces; a share of them (``--repeat-share``) are a span of
-that text (16 to 256 pieces) repeated until the row is full: Olsson et al. saw the heads form
-after billions of tokens of natural text, and repeated spans reward an induction head from the
-start, which a CPU's budget needs. The heads are scored on *random* tokens repeated, which the
-model never trained on, and the in-context learning score on the held-out text alone (rows of
-``--context`` pieces, one every 256 pieces of it): the mean loss of the token at index 500
-minus that at index 50.
+``--batch`` rows of ``--context`` pieces; a share of them (``--repeat-share``) are a span of 16
+to 256 pieces repeated until the row is full, a span of the text (``--repeats text``) or of
+random pieces (``--repeats random``): Olsson et al. saw the heads form after billions of tokens
+of natural text, and repeated spans reward an induction head from the start, which a CPU's
+budget needs. The heads are scored on random pieces repeated (with ``--repeats random`` the kind
+of row it trained on, with ``text`` not), and the in-context learning score on the held-out text
+alone (rows of ``--context`` pieces, one every 256 pieces of it): the mean loss of the token at
+index 500 minus that at index 50.
 
 Writes OUT/model (a model directory: ``atencion serve --model OUT/model`` shows its heads),
 the JSON (settings, minutes, and per checkpoint the step, pieces read, training loss, the ICL
@@ -51,15 +52,19 @@ def stream(args):
 
 def batch(train, args, rng: random.Random):
     """``args.batch`` rows of ``args.context + 1`` pieces (inputs and the next pieces): spans of
-    the text, and, with probability ``args.repeat_share`` each, a span repeated to fill the row."""
+    the text, and, with probability ``args.repeat_share`` each, a span (of the text, or of random
+    pieces: ``args.repeats``) repeated to fill the row."""
     import torch
 
     rows = []
     for _ in range(args.batch):
         if rng.random() < args.repeat_share:
             span = rng.randrange(16, 257)
-            start = rng.randrange(train.numel() - span)
-            piece = train[start:start + span]
+            if args.repeats == "random":   # ids 4 … vocab − 1: the special ones are never drawn
+                piece = torch.tensor([rng.randrange(4, args.vocab_size) for _ in range(span)])
+            else:
+                start = rng.randrange(train.numel() - span)
+                piece = train[start:start + span]
             rows.append(piece.repeat(args.context // span + 2)[:args.context + 1])
         else:
             start = rng.randrange(train.numel() - args.context - 1)
@@ -97,6 +102,7 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     tokenizer, train_ids, valid_ids = stream(args)
+    args.vocab_size = tokenizer.vocab_size
     valid_rows = text_rows(valid_ids, args.context)
     model = Transformer(model_config(tokenizer.vocab_size, args))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1)
@@ -125,7 +131,7 @@ def train(args) -> dict:
     save_model_dir(Path(args.out) / "model", model.eval(), tokenizer)
     formed = next((r["step"] for r in records if r["induction_heads"]), None)
     settings = {key: getattr(args, key) for key in ("steps", "every", "batch", "context", "vocab", "d_model",
-                                                     "heads", "lr", "repeat_share", "seed", "threads")}
+                                                     "heads", "lr", "repeat_share", "repeats", "seed", "threads")}
     return {"settings": settings, "minutes": round((time.time() - started) / 60, 1),
             "parameters": model.num_parameters(), "valid_rows": len(valid_rows),
             "first_step_with_induction_heads": formed, "checkpoints": records}
@@ -161,7 +167,8 @@ def figure(report: dict, path: Path) -> None:
     axes[2].set_xlabel("update (" + f"{report['settings']['batch']} × {report['settings']['context']} pieces each)")
     s = report["settings"]
     fig.suptitle(f"2-layer attention-only decoder, Tiny Shakespeare pieces ({s['vocab']}), "
-                 f"{int(100 * s['repeat_share'])}% repeated rows; dashed: first induction head", fontsize=9)
+                 f"{int(100 * s['repeat_share'])}% repeated rows ({s['repeats']}); dashed: first induction head",
+                 fontsize=9)
     fig.tight_layout()
     FigureCanvasAgg(fig).print_png(str(path))
 
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heads", type=int, default=8, help="heads per layer (default 8)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--repeat-share", type=float, default=0.25, help="share of repeated rows (default 0.25)")
+    parser.add_argument("--repeats", choices=["text", "random"], default="text",
+                        help="what a repeated row repeats: a span of the text (default) or random pieces")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--figure", help="write the scores against updates to this PNG")
