@@ -184,10 +184,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vocab", type=int, default=1024, help="SentencePiece pieces (default 1,024)")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=8, help="heads per layer (default 8)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--repeat-share", type=float, default=0.25, help="share of repeated rows (default 0.25)")
-    parser.add_argument("--repeats", choices=["text", "random"], default="text",
-                        help="what a repeated row repeats: a span of the text (default) or random pieces")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's, after 100 updates of warm-up (default 3e-3)")
+    parser.add_argument("--repeat-share", type=float, default=0.5, help="share of repeated rows (default 0.5)")
+    parser.add_argument("--repeats", choices=["text", "random"], default="random",
+                        help="what a repeated row repeats: random pieces (default) or a span of the text")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--figure", help="write the scores against updates to this PNG")
