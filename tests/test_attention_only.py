@@ -97,3 +97,13 @@ def test_onnx_exports_an_attention_only_translator(tmp_path):
     with torch.no_grad():
         assert np.abs(OnnxTranslator(tmp_path / "onnx").encode(src.numpy()) - model.encode(src)[0].numpy()).max() \
             <= 1e-4
+
+
+def test_lora_on_the_missing_feed_forward_layers_is_refused_in_one_line():
+    from atencion.nn.lora import LoraSpec, select_targets
+
+    model = small_model(d_ff=0, **DECODER)
+    with pytest.raises(AtencionError, match="'ffn' matches no linear layer") as err:
+        select_targets(model, LoraSpec(rank=2, targets=["ffn"]))
+    assert "\n" not in str(err.value)
+    assert select_targets(model, LoraSpec(rank=2, targets=["attention"]))   # its attention can be adapted
