@@ -107,3 +107,20 @@ def test_lora_on_the_missing_feed_forward_layers_is_refused_in_one_line():
         select_targets(model, LoraSpec(rank=2, targets=["ffn"]))
     assert "\n" not in str(err.value)
     assert select_targets(model, LoraSpec(rank=2, targets=["attention"]))   # its attention can be adapted
+
+
+def test_the_trainer_trains_an_attention_only_model_and_its_checkpoint_loads(tmp_path):
+    import json
+
+    from atencion.nn.model_dir import load_model_dir
+    from atencion.train.checkpoint import list_checkpoints
+    from atencion.train.trainer import train
+    from test_training import tiny_config, write_corpus
+
+    data = write_corpus(tmp_path / "data", n=200)
+    train(tiny_config(data, **{"model.d_ff": 0, "train.max_steps": 40, "train.max_epochs": 100}), tmp_path / "run")
+    losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
+              if "loss" in r and "step" in r]
+    assert losses[-1] < losses[0]
+    model, _ = load_model_dir(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])
+    assert model.cfg.d_ff == 0 and not any(".ffn." in name for name, _ in model.named_parameters())
