@@ -105,7 +105,7 @@ def train(args) -> dict:
     args.vocab_size = tokenizer.vocab_size
     valid_rows = text_rows(valid_ids, args.context)
     model = Transformer(model_config(tokenizer.vocab_size, args))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=args.weight_decay)
     warmup = lambda step: min(1.0, (step + 1) / 100)  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
     started, records, recent = time.time(), [], []
@@ -131,43 +131,50 @@ def train(args) -> dict:
     save_model_dir(Path(args.out) / "model", model.eval(), tokenizer)
     formed = next((r["step"] for r in records if r["induction_heads"]), None)
     settings = {key: getattr(args, key) for key in ("steps", "every", "batch", "context", "vocab", "d_model",
-                                                     "heads", "lr", "repeat_share", "repeats", "seed", "threads")}
+                                                     "heads", "lr", "weight_decay", "repeat_share", "repeats", "seed",
+                                                     "threads")}
     return {"settings": settings, "minutes": round((time.time() - started) / 60, 1),
             "parameters": model.num_parameters(), "valid_rows": len(valid_rows),
             "first_step_with_induction_heads": formed, "checkpoints": records}
 
 
 def figure(report: dict, path: Path) -> None:
+    """The ICL score and every head's scores against the update; layers and heads counted from 1,
+    as the explorer page counts them. Each score's panel draws the heads of the layer that score is
+    about in colour (the second layer's for prefix matching and copying, the first's for the
+    previous token) and the other layer's in pale grey."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = report["checkpoints"]
+    records, s = report["checkpoints"], report["settings"]
     steps = [r["step"] for r in records]
-    fig = Figure(figsize=(7.5, 8.0))
-    axes = fig.subplots(3, 1, sharex=True)
+    fig = Figure(figsize=(7.5, 10.0))
+    axes = fig.subplots(4, 1, sharex=True)
     axes[0].plot(steps, [r["icl"] for r in records], marker="o", markersize=3, color="black")
     axes[0].axhline(0, color="grey", linestyle=":", linewidth=1)
     axes[0].set_ylabel("ICL score (nats)\nloss@500 − loss@50")
-    for ax, key, title in ((axes[1], "prefix_matching", "prefix matching"), (axes[2], "copying", "copying")):
+    panels = ((axes[1], "prefix_matching", "prefix matching", 1), (axes[2], "copying", "copying", 1),
+              (axes[3], "previous_token", "previous token", 0))
+    for ax, key, title, shown in panels:
         layers, heads = len(records[0][key]), len(records[0][key][0])
         for layer in range(layers):
             for head in range(heads):
                 values = [r[key][layer][head] for r in records]
-                style = dict(color="lightsteelblue", linewidth=1) if layer == 0 else dict(linewidth=1.5)
-                ax.plot(steps, values, label=f"layer {layer} head {head}" if layer else None, **style)
-        ax.set_ylabel(f"{title} score")
+                style = dict(linewidth=1.5) if layer == shown else dict(color="lightgrey", linewidth=1)
+                ax.plot(steps, values, label=f"head {head + 1}" if layer == shown else None, **style)
+        ax.set_ylabel(f"{title} score\n(colour: layer {shown + 1})")
         ax.set_ylim(-0.02, 1.02)
-    axes[1].plot([], [], color="lightsteelblue", label="layer 0 (each head)")
-    axes[1].legend(fontsize=7, ncol=3, loc="upper left")
+    axes[1].legend(fontsize=7, ncol=4, loc="upper left")
     formed = report["first_step_with_induction_heads"]
     for ax in axes:
         ax.grid(alpha=0.3)
         if formed is not None:
             ax.axvline(formed, color="firebrick", linestyle="--", linewidth=1)
-    axes[2].set_xlabel("update (" + f"{report['settings']['batch']} × {report['settings']['context']} pieces each)")
-    s = report["settings"]
-    fig.suptitle(f"2-layer attention-only decoder, Tiny Shakespeare pieces ({s['vocab']}), "
-                 f"{int(100 * s['repeat_share'])}% repeated rows ({s['repeats']}); dashed: first induction head",
+    axes[3].set_xlabel(f"update ({s['batch']} rows × {s['context']} pieces each)")
+    fig.suptitle(f"2-layer attention-only decoder on Tiny Shakespeare ({s['vocab']} pieces), "
+                 f"{int(100 * s['repeat_share'])}% of rows {s['repeats']} spans repeated\n"
+                 f"lr {s['lr']}, weight decay {s['weight_decay']}"
+                 + ("; dashed: the first induction head" if formed is not None else "; no induction head"),
                  fontsize=9)
     fig.tight_layout()
     FigureCanvasAgg(fig).print_png(str(path))
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=8, help="heads per layer (default 8)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's, after 100 updates of warm-up (default 3e-3)")
+    parser.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's (default 0.1)")
     parser.add_argument("--repeat-share", type=float, default=0.5, help="share of repeated rows (default 0.5)")
     parser.add_argument("--repeats", choices=["text", "random"], default="random",
                         help="what a repeated row repeats: random pieces (default) or a span of the text")
@@ -192,7 +200,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--figure", help="write the scores against updates to this PNG")
     parser.add_argument("--json", help="write the report here too (it always goes to OUT/induction.json)")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --figure from the report JSON of a run")
     args = parser.parse_args(argv)
+    if args.replot:
+        report = json.loads(Path(args.replot).read_text(encoding="utf-8"))
+        figure(report, Path(args.figure or Path(args.replot).with_suffix(".png")))
+        return report
     if args.context < 501:
         parser.error("--context must be at least 501: the ICL score reads the token at index 500")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
