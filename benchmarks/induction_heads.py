@@ -80,12 +80,12 @@ def model_config(vocab_size: int, args):
                        max_positions=args.context, scale_embedding=False)
 
 
-def checkpoint(model, valid_rows, step: int, pieces: int, loss: float, started: float) -> dict:
+def checkpoint(model, valid_rows, step: int, pieces: int, loss: float | None, started: float) -> dict:
     from atencion.viz.induction import icl_score, induction_scores
 
     scores = induction_scores(model, length=100, rows=8)
     return {"step": step, "pieces": pieces, "minutes": round((time.time() - started) / 60, 2),
-            "train_loss": round(loss, 4), "icl": round(icl_score(model, valid_rows), 4),
+            "train_loss": None if loss is None else round(loss, 4), "icl": round(icl_score(model, valid_rows), 4),
             **{key: value for key, value in scores.to_dict().items() if key not in ("length", "rows")},
             "induction_heads": scores.induction_heads()}
 
@@ -109,7 +109,7 @@ def train(args) -> dict:
     warmup = lambda step: min(1.0, (step + 1) / 100)  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
     started, records, recent = time.time(), [], []
-    records.append(checkpoint(model, valid_rows, 0, 0, float("nan"), started))
+    records.append(checkpoint(model, valid_rows, 0, 0, None, started))   # before the first update: no loss yet
     for step in range(1, args.steps + 1):
         rows = batch(train_ids, args, rng)
         model.train()

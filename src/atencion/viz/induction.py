@@ -17,8 +17,9 @@ tokens, then the same T again, a batch of such rows):
 * copying: the head's own output at a position, o = Σ_k A_ik v_k W_O (its slice of W^O, no
   bias), read through the unembedding as a direct logit contribution: W_U · g ⊙ (o − mean(o))
   with the gain g of the final LayerNorm of a pre-LN model (g ⊙ o for RMSNorm, o itself without a
-  final norm; the norm's division by the residual's scale is left out, as it scales every logit
-  of a position alike and changes no rank). The score is the share of the positions of the
+  final norm, as in a post-LN model, whose norms after each block are left out; the final norm's
+  division by the residual's scale is left out too, as it scales every logit of a position alike
+  and changes no rank). The score is the share of the positions of the
   second copy at which the token the head attends to most gets the highest of these logits,
   strictly (a tie counts against it): 1 for a head that copies what it reads, about 1/V for one
   that writes something else. The query's own attention decides which token is "attended", so
@@ -26,9 +27,9 @@ tokens, then the same T again, a batch of such rows):
   same property by the eigenvalues of W_U W_O W_V W_E; this is the version on the model's own
   computation, its norms and its first layer included).
 
-The in-context learning score (Olsson et al. §2): the mean loss (nats) of the token at index 500
-of a text minus that of the token at index 50, on held-out text; negative when later tokens are
-predicted better because the model uses its context.
+The in-context learning score (Olsson et al.'s): the mean loss (nats) of the token at index 500
+of a text (counting from 0) minus that of the token at index 50, on held-out text; negative when
+later tokens are predicted better because the model uses its context.
 """
 
 from __future__ import annotations
