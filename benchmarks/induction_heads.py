@@ -4,8 +4,14 @@ with the in-context learning score and every head's prefix-matching and copying 
 (viz/induction.py) recorded at checkpoints along training.
 
     python benchmarks/induction_heads.py --out runs/induction \\
-        --figure docs/figures/induction_heads.png --json docs/figures/induction_heads.json
+        --figure docs/figures/induction_heads_first.png --json docs/figures/induction_heads_first.json
+    python benchmarks/induction_heads.py --out runs/induction-2 --steps 6000 --every 200 --batch 4 \\
+        --weight-decay 0 --figure docs/figures/induction_heads_second.png \\
+        --json docs/figures/induction_heads_second.json
     python benchmarks/induction_heads.py --out runs/induction-smoke --steps 40 --every 20   # a look
+
+The first is the default run (17.4 minutes at one thread, beside another one-thread job); neither
+run formed an induction head (docs/results.md).
 
 The text: the first 90% of the file (the last 10% is held out, as nanoGPT splits it), one stream
 of pieces with ``</s>`` after each line (tasks/lm.py's ``text_stream``). Each update reads
