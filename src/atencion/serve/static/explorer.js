@@ -2,7 +2,8 @@
 // the server returns (encoder self-attention, decoder masked self-attention, cross-attention) as a
 // layers × heads grid of small heatmaps, one head enlarged with its tokens, and the word alignment
 // implied by the mean cross-attention. A GPT's or a BERT's self-attention over the text comes from
-// POST /attention and is drawn the same way. For a ViT, an image file uploaded to POST /classify
+// POST /attention and is drawn the same way (a GPT's, with "induction heads" ticked, with each head's
+// prefix-matching and copying scores under its heatmap). For a ViT, an image file uploaded to POST /classify
 // (multipart, attention=true) comes back with its label and its [CLS] attention rollout, drawn
 // over the patch grid on the image. Plain ES2020, no libraries: the page must work offline.
 "use strict";
