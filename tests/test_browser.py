@@ -317,3 +317,31 @@ def test_a_vits_uploaded_image_gets_its_label_and_rollout_heatmap(page, tmp_path
         assert len(cells) == 6 and page.inner_text("#upload-label").strip()
     finally:
         srv.stop()
+
+
+def test_a_gpts_induction_heads_are_outlined_with_their_scores(page, tmp_path):
+    """The hand-built two-layer attention-only GPT of test_induction.py served: with "induction
+    heads" ticked, the page asks /attention with induction: true and writes each head's
+    prefix-matching and copying scores under its heatmap, outlining the one induction head."""
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.nn.model_dir import save_model_dir
+    from test_induction import hand_built
+
+    save_model_dir(tmp_path / "gpt", hand_built(), Tokenizer.train_text(["abcdefghijklmno\n"], kind="char"))
+    srv = Server(tmp_path / "gpt", tmp_path / "server.log")
+    try:
+        page.goto(srv.url)
+        page.wait_for_selector("#induction-label:not([hidden])")
+        page.check("#induction")
+        _translate(page, "abcdeabcde")
+        page.wait_for_selector("#induction-note:not([hidden])")
+        status, answer = _request(srv.url + "attention", {"text": "abcdeabcde", "induction": True})
+        assert status == 200 and answer["induction"]["induction_heads"] == [[1, 0]], answer
+        outlined = page.locator("#grid td.head.induction")
+        assert outlined.count() == 1
+        assert (outlined.get_attribute("data-layer"), outlined.get_attribute("data-head")) == ("1", "0")
+        p, c = answer["induction"]["prefix_matching"][1][0], answer["induction"]["copying"][1][0]
+        assert outlined.locator(".scores").inner_text() == f"P {p:.2f} · C {c:.2f}"
+        assert page.locator("#grid .scores").count() == 2 * 2
+    finally:
+        srv.stop()

@@ -419,6 +419,25 @@ def cmd_aer(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def add_induction_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory (a decoder: arch decoder)")
+    p.add_argument("--length", type=POSITIVE, default=100, help="random tokens before they repeat (default: 100)")
+    p.add_argument("--rows", type=POSITIVE, default=8, help="repeated sequences scored (default: 8)")
+    p.add_argument("--seed", type=COUNT, default=0, help="of the random tokens (default: 0)")
+    p.add_argument("--text", help="held-out text: also the in-context learning score (loss at token 500 minus 50)")
+    p.add_argument("--context", type=POSITIVE, default=512, help="tokens per row of --text (default: 512)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_induction(args: argparse.Namespace) -> None:
+    """Induction heads (Olsson et al. 2022): every head's prefix-matching and copying score on
+    repeated random tokens, and with --text the in-context learning score; one JSON object."""
+    from .viz.induction import induction_report
+
+    print(json.dumps(induction_report(args.model, args.length, args.rows, args.seed, args.text, args.context,
+                                      args.device)))
+
+
 def add_figures_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (files in it with the same names are replaced)")
     p.add_argument("--quick", action="store_true", help="Table 1 for n ≤ 512 and fewer samples (well under a minute)")
@@ -571,6 +590,8 @@ COMMANDS = [
     ("attention", "plot every attention map of one sentence pair (or of a GPT's or a BERT's text)",
      add_attention_arguments, cmd_attention),
     ("aer", "alignment error rate of cross-attention against gold alignments", add_aer_arguments, cmd_aer),
+    ("induction", "induction heads: prefix-matching and copying scores per head, the in-context learning score",
+     add_induction_arguments, cmd_induction),
     ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
     ("export", "export a model to ctranslate2, hf (Marian), onnx or gguf", add_export_arguments, cmd_export),
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),

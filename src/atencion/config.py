@@ -32,7 +32,7 @@ class ModelConfig:
     n_layers: int = 6                      # N
     n_decoder_layers: int | None = None
     d_model: int = 512
-    d_ff: int = 2048
+    d_ff: int = 2048                       # 0: no feed-forward sub-layer (attention-only, Olsson et al. 2022)
     n_heads: int = 8                       # h; d_k = d_v = d_model / h
     n_kv_heads: int | None = None          # grouped-query attention (Ainslie et al. 2023): g key/value heads, each
                                            # shared by h / g query heads; 1: multi-query; None: h (the paper's)
@@ -83,8 +83,10 @@ class ModelConfig:
     eos_id: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions"):
+        for key in ("n_layers", "d_model", "n_heads", "max_positions"):
             _require_positive_int(key, getattr(self, key))
+        if not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff < 0:
+            raise AtencionError(f"d_ff must be an integer >= 0 (0: no feed-forward sub-layer), got {self.d_ff!r}")
         for key in ("tgt_vocab_size", "n_decoder_layers"):
             if getattr(self, key) is not None:
                 _require_positive_int(key, getattr(self, key))
@@ -147,6 +149,9 @@ class ModelConfig:
                 f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
             )
         if self.moe is not None:
+            if self.d_ff == 0:
+                raise AtencionError("moe replaces the feed-forward layers with experts of width d_ff, but d_ff 0 "
+                                    "means no feed-forward layer: set d_ff > 0 or remove moe")
             if self.arch == "rnn":
                 raise AtencionError("moe replaces a Transformer's feed-forward layers; arch 'rnn' has none")
             self.moe = _moe_settings(self.moe, self._stack_depths())

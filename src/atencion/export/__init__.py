@@ -101,6 +101,9 @@ def export(model, out: str | os.PathLike, fmt: str, tokenizer=None, dtype: str |
     from ..fileio import atomic_directory
 
     writer = _writer(fmt, model.cfg.arch)
+    if model.cfg.d_ff == 0 and fmt != "onnx":  # ONNX traces atencion's own blocks
+        raise AtencionError(f"export to {fmt}: d_ff 0 (blocks without a feed-forward sub-layer) cannot be "
+                            f"exported; every layer of {fmt} has one (onnx takes it)")
     if fmt == "gguf":
         from .gguf import check_gguf
 

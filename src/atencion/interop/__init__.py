@@ -60,6 +60,9 @@ def to_hf(model, family: str | None = None):
     if cfg.moe is not None:
         raise AtencionError("to_hf: moe (mixture-of-experts feed-forward layers) cannot be expressed by the "
                             "Hugging Face classes of interop, which have one dense feed-forward network per layer")
+    if cfg.d_ff == 0:
+        raise AtencionError("to_hf: d_ff 0 (blocks without a feed-forward sub-layer) cannot be expressed by the "
+                            "Hugging Face classes of interop, whose every layer has one")
     kind = "full" if cfg.attention is None else cfg.attention["kind"]
     if family is None:
         if cfg.arch == "encoder":

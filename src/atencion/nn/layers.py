@@ -97,6 +97,8 @@ class Block(nn.Module):
     (causal) by the mask the stack passes. With ``cfg.moe``, the feed-forward network of the
     chosen layers (``index``: the block's place in its stack, from 0) is a mixture of experts. With
     ``cfg.attention``, self-attention is computed by that kind (nn/kinds/), ``causal`` in a decoder;
+    with ``cfg.d_ff`` 0 there is no feed-forward sub-layer (the attention-only models of Olsson et
+    al. 2022, whose circuits are read head by head);
     ``shared``: what the kind's layers share (Linformer's layerwise projection). Self-attention
     has ``cfg.kv_heads`` key/value heads (grouped-query attention); ``qkv_bias`` adds biases to
     the q, k, v projections."""
@@ -115,9 +117,9 @@ class Block(nn.Module):
             experts = [feed_forward(cfg) for _ in range(cfg.moe["experts"])]
             self.ffn = MoEFeedForward(cfg.d_model, experts, cfg.moe["top_k"], cfg.moe["capacity_factor"],
                                       cfg.moe["gate"])
-        else:
-            self.ffn = feed_forward(cfg)
-        self.res_ffn = Residual(cfg)
+        else:  # d_ff 0: no feed-forward sub-layer, nor its residual block (an attention-only model)
+            self.ffn = feed_forward(cfg) if cfg.d_ff else None
+        self.res_ffn = Residual(cfg) if self.ffn is not None else None
         # train.activation_checkpointing: keep only the block's input for backward and compute its
         # activations again there (torch.utils.checkpoint; the dropout masks are drawn again alike)
         self.checkpointing = False
@@ -150,7 +152,8 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x, cross_weights = self.res_cross(x, lambda y: self.cross_attn(
                 y, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights))
-        x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
+        if self.ffn is not None:
+            x, _ = self.res_ffn(x, lambda y: (self.ffn(y), None))
         return x, self_weights, cross_weights
 
 

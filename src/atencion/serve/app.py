@@ -93,6 +93,7 @@ class LoadedModel:
     path: str
     model: Any
     tokenizer: Any
+    induction: dict[str, Any] | None = None   # its induction-head scores, once asked (POST /attention)
 
     @property
     def arch(self) -> str:
@@ -274,11 +275,13 @@ class FillMaskRequest(RequestBody):
 
 
 class AttentionRequest(RequestBody):
-    """POST /attention: see ``viz.attention.capture_self_attention``."""
+    """POST /attention: see ``viz.attention.capture_self_attention``; ``induction``: a GPT's
+    induction-head scores per head too (``viz.induction``, on repeated random tokens, not the text)."""
 
     text: str
     model: str | None = None
     max_new_tokens: int = Field(0, ge=0, le=64)
+    induction: bool = False
 
 
 class ClassifyRequest(RequestBody):
@@ -406,9 +409,30 @@ async def _attention(body: AttentionRequest, m: LoadedModel, ctx: Context) -> di
     with _unprocessable():
         tokens = len(self_attention_ids(m.model, m.tokenizer, body.text)) + body.max_new_tokens
     ctx.check_length("text", body.text, tokens)
+    if body.induction and m.arch != "decoder":
+        raise Refused(422, f"induction: induction heads are scored on a GPT (arch decoder); model {m.name!r} is "
+                           f"arch {m.arch!r}")
     attention = await ctx.run(m, lambda: capture_self_attention(m.model, m.tokenizer, body.text, body.max_new_tokens))
-    return {"model": m.name, "text": attention.text, "generated": attention.generated,
-            "attention": attention_json(attention)}
+    answer = {"model": m.name, "text": attention.text, "generated": attention.generated,
+              "attention": attention_json(attention)}
+    if body.induction:
+        if m.induction is None:  # a property of the weights: scored once per model
+            m.induction = await ctx.run(m, lambda: _induction(m.model))
+        answer["induction"] = m.induction
+    return answer
+
+
+def _induction(model) -> dict[str, Any]:
+    """Every head's induction scores on 4 rows of random tokens repeated, as long as the model's
+    vocabulary and positions allow, up to 50 (``viz.induction.induction_scores``)."""
+    from ..nn.positional import position_limit
+    from ..viz.induction import induction_scores
+
+    limit = position_limit(model.cfg)
+    length = min(50, model.cfg.vocab_size - 4, *([limit // 2] if limit else []))
+    with _unprocessable():
+        scores = induction_scores(model, length=length, rows=4)
+    return {**scores.to_dict(), "induction_heads": scores.induction_heads()}
 
 
 async def _classify_upload(form: Upload, m: LoadedModel, ctx: Context) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 // the server returns (encoder self-attention, decoder masked self-attention, cross-attention) as a
 // layers × heads grid of small heatmaps, one head enlarged with its tokens, and the word alignment
 // implied by the mean cross-attention. A GPT's or a BERT's self-attention over the text comes from
-// POST /attention and is drawn the same way. For a ViT, an image file uploaded to POST /classify
+// POST /attention and is drawn the same way (a GPT's, with "induction heads" ticked, with each head's
+// prefix-matching and copying scores under its heatmap). For a ViT, an image file uploaded to POST /classify
 // (multipart, attention=true) comes back with its label and its [CLS] attention rollout, drawn
 // over the patch grid on the image. Plain ES2020, no libraries: the page must work offline.
 "use strict";
@@ -102,6 +103,7 @@ function describeModel() {
   $("translate").disabled = !explores || images;
   $("translate").textContent = translator ? "Translate" : "Show attention";
   $("beam").disabled = $("nbest-size").disabled = !translator;
+  $("induction-label").hidden = m.arch !== "decoder";  // a GPT's heads can be scored as induction heads
   showError(explores ? "" : `${m.name} is a model of task ${m.task}: this page explores translators, ` +
     `GPTs and BERTs; ask it through ${m.endpoints.join(", ")} (see /info)`);
   if (translator) $("beam").value = m.decoding.beam;
@@ -132,8 +134,10 @@ async function translate() {
   const m = model();
   if (m.task !== "translate") {  // a GPT or a BERT: its self-attention over the text
     if (m.endpoints.includes("/attention")) {
-      await ask("reading…", "attention", { text: $("sentence").value, model: m.name },
-                answer => ({ text: answer.text + answer.generated, nbest: [], attention: answer.attention }));
+      const body = { text: $("sentence").value, model: m.name };
+      if (m.arch === "decoder" && $("induction").checked) body.induction = true;
+      await ask("reading…", "attention", body, answer => ({
+        text: answer.text + answer.generated, nbest: [], attention: answer.attention, induction: answer.induction }));
     }
     return;
   }
@@ -299,6 +303,9 @@ function renderAttention() {
 // The layers × heads grid (plus a column with each layer's head average); a click enlarges a head.
 function renderGrid(map) {
   const grid = $("grid");
+  // a GPT's induction scores (POST /attention with induction: true), drawn with its masked self-attention
+  const induction = $("kind").value === "decoder" ? state.result.induction : undefined;
+  $("induction-note").hidden = !induction;
   grid.dataset.rows = JSON.stringify(map.rows);
   grid.dataset.cols = JSON.stringify(map.cols);
   const table = document.createElement("table");
@@ -328,6 +335,15 @@ function renderGrid(map) {
       cell.setAttribute("aria-label", name);
       if (layer === state.layer && String(head) === String(state.head)) cell.classList.add("selected");
       cell.append(smallHeatmap(matrixOf(map, layer, head), 72));
+      if (induction && head !== "mean") {
+        const p = induction.prefix_matching[layer][head], c = induction.copying[layer][head];
+        const scores = document.createElement("div");
+        scores.className = "scores";
+        scores.textContent = `P ${p.toFixed(2)} · C ${c.toFixed(2)}`;
+        cell.append(scores);
+        cell.title = `${name}: prefix matching ${p}, copying ${c}; click to enlarge`;
+        if (induction.induction_heads.some(([l, h]) => l === layer && h === head)) cell.classList.add("induction");
+      }
     }
   });
   grid.replaceChildren(table);
