@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..config import ARCHS, INPUTS, inputs_settings
 from ..data.images import read_image
 from ..errors import AtencionError
-from .positional import TokenEmbedding
+from .positional import TokenEmbedding, position_limit
 
 
 class PatchEmbedding(nn.Module):
@@ -165,8 +165,9 @@ def _patches_check(cfg, settings: dict) -> str | None:
         return (f"inputs.patch ({settings['patch']}) must divide both sides of inputs.size {size}: the image "
                 f"is cut into patch × patch squares")
     length = 1 + (size[0] // settings["patch"]) * (size[1] // settings["patch"])
-    if cfg.positional == "learned" and cfg.max_positions < length:
-        return (f"max_positions ({cfg.max_positions}) must be at least {length}: inputs gives {length - 1} "
+    limit = position_limit(cfg)
+    if limit is not None and limit < length:
+        return (f"max_positions ({limit}) must be at least {length}: inputs gives {length - 1} "
                 f"patches and the [CLS] token, each with a learned position")
     return None
 
@@ -177,8 +178,9 @@ def _spectrogram_check(cfg, settings: dict) -> str | None:
         if not _positive(settings[key]):
             return f"inputs.{key} must be a positive integer, got {settings[key]!r}"
     length = frame_positions(settings["max_frames"])
-    if cfg.positional == "learned" and cfg.max_positions < length:
-        return (f"max_positions ({cfg.max_positions}) must be at least {length}: inputs.max_frames "
+    limit = position_limit(cfg)
+    if limit is not None and limit < length:
+        return (f"max_positions ({limit}) must be at least {length}: inputs.max_frames "
                 f"{settings['max_frames']} frames make {length} positions after the stride-2 convolution")
     return None
 
