@@ -219,8 +219,8 @@ def llama_dir(request, tmp_path_factory) -> Path:
 
 def save_llama_dir(family: str, directory: Path) -> Path:
     """A Llama-family model (``family``, a key of DECODERS) with grouped-query attention (2 key/value
-    heads of 4) as save_pretrained writes it into ``directory``, beside a byte-level BPE trained here
-    that starts each text with <s>, as Llama's does."""
+    heads of 4), its biases (Qwen2's q, k, v) and norm gains random, as save_pretrained writes it into
+    ``directory``, beside a byte-level BPE trained here that starts each text with <s>, as Llama's does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     architecture, config, extra = DECODERS[family]
@@ -233,10 +233,15 @@ def save_llama_dir(family: str, directory: Path) -> Path:
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                                 eos_token="</s>")
     torch.manual_seed(0)
-    getattr(transformers, architecture)(getattr(transformers, config)(
+    model = getattr(transformers, architecture)(getattr(transformers, config)(
         vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, initializer_range=0.3,
-        **extra)).save_pretrained(directory)
+        **extra))
+    with torch.no_grad():  # transformers starts biases at 0 and norm gains at 1: randomised, so that each is read
+        for name, p in model.named_parameters():
+            if "bias" in name or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(directory)
     fast.save_pretrained(directory)
     return directory
 
