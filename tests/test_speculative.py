@@ -193,7 +193,11 @@ def directories(tmp_path_factory):
         layers = 2 if name == "target" else 1
         save_checkpoint(root / name, decoder(layers, vocab_size=tokenizer.vocab_size, n_layers=layers,
                                              positional="learned", max_positions=32), tokenizer)
-    return {name: str(root / name) for name in tokenizers}
+    vocab_size = tokenizers["target"].vocab_size
+    save_checkpoint(root / "windowed", decoder(3, vocab_size=vocab_size, positional="rope",
+                                               attention={"kind": "window", "window": 4}), tokenizers["target"])
+    save_checkpoint(root / "encoder", small_model(4, arch="encoder", vocab_size=vocab_size), tokenizers["target"])
+    return {name: str(root / name) for name in [*tokenizers, "windowed", "encoder"]}
 
 
 def test_generate_with_a_draft_prints_the_targets_greedy_text_and_logs_its_acceptance(directories, capsys, caplog):
@@ -220,3 +224,78 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line_naming_both(dire
     status, _, err = run(["generate", "--model", directories["target"], "--draft", directories["draft"],
                           "--draft-tokens", "0"], capsys)
     assert status == 2 and "argument --draft-tokens" in err
+
+
+# the server --------------------------------------------------------------------------------------
+
+
+def served(directories, *names: str):
+    """LoadedModels of the ``directories`` named, each under its own name, as `atencion serve` loads them."""
+    from atencion.serve.run import load_models
+
+    return load_models([f"{name}={directories[name]}" for name in names])
+
+
+def test_serve_with_a_draft_generates_the_targets_greedy_text_speculatively_and_info_names_it(directories, caplog):
+    """/generate with `serve --draft` gives the text of the same server without it, each sample
+    decoded by speculative decoding (one log line each), for every decoder served, each with a copy of
+    the draft of its own; an encoder beside them is served as it is, and /info says which uses the draft."""
+    from fastapi.testclient import TestClient
+
+    from atencion.serve.app import ServeSettings, create_app
+    from atencion.serve.run import attach_draft
+
+    plain = served(directories, "target")
+    directories = {**directories, "again": directories["target"]}
+    drafted = served(directories, "target", "again", "encoder")
+    attach_draft(drafted, directories["draft"], 3)
+    assert drafted[0].draft.model is not drafted[1].draft.model and drafted[2].draft is None
+    requests = [{"prompt": "the ", "temperature": 0, "max_new_tokens": 40, "num_samples": 2},
+                {"prompt": "a dog", "top_k": 1, "max_new_tokens": 25}]
+    with TestClient(create_app(plain, ServeSettings())) as client:
+        alone = [client.post("/generate", json=r).json() for r in requests]
+        assert client.get("/info").json()["models"][0]["draft"] is None
+    with TestClient(create_app(drafted, ServeSettings())) as client:
+        with caplog.at_level("INFO", logger="atencion.decode.speculative"):
+            for name in ("target", "again"):
+                answers = [client.post("/generate", json={**r, "model": name}).json() for r in requests]
+                assert [a["texts"] for a in answers] == [a["texts"] for a in alone], answers
+            sampled = client.post("/generate", json={"prompt": "the ", "seed": 1, "max_new_tokens": 30})
+        assert sampled.status_code == 200 and len(sampled.json()["texts"]) == 1, sampled.text
+        rounds = [r for r in caplog.records if "draft tokens accepted" in r.message]
+        assert len(rounds) == 2 * 3 + 1  # each sample, speculatively: 3 of each model's requests, and the sampled one
+        info = {m["name"]: m for m in client.get("/info").json()["models"]}
+    parameters = drafted[0].draft.model.num_parameters()
+    for name in ("target", "again"):
+        assert info[name]["draft"] == {"path": directories["draft"], "draft_tokens": 3, "parameters": parameters}
+    assert "draft" not in info["encoder"] and info["encoder"]["endpoints"] == ["/attention"]
+
+
+@pytest.mark.parametrize("models, draft, said, named", [
+    (["target"], "larger", "has a vocabulary of", ["larger", "target"]),
+    (["target"], "renamed", "another vocabulary", ["renamed", "target"]),
+    (["encoder", "target"], "renamed", "another vocabulary", ["renamed", "target"]),  # the encoder needs no draft
+    (["target", "windowed"], "draft", "cannot", ["windowed"]),  # a window's cache cannot roll back
+    (["encoder"], "draft", "no served model generates text", ["draft"]),
+    (["target"], "encoder", "must be a decoder-only model", ["encoder"]),
+])
+def test_serve_refuses_a_draft_it_cannot_use_at_start_up_in_one_line_naming_it_and_the_model(
+        directories, capsys, monkeypatch, models, draft, said, named):
+    from atencion.serve import run as serving
+
+    monkeypatch.setattr(serving, "serve", lambda *args: pytest.fail("served despite the draft"))
+    argv = ["serve", *(a for m in models for a in ("--model", directories[m])), "--draft", directories[draft]]
+    status, out, err = run(argv, capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1 and said in err, err
+    assert all(directories[name] in err for name in named), err
+
+
+def test_serve_s_draft_options_reach_the_models_it_serves(directories, capsys, monkeypatch):
+    from atencion.serve import run as serving
+
+    seen = []
+    monkeypatch.setattr(serving, "serve", lambda models, *args: seen.extend(models))
+    status, _, err = run(["serve", "--model", directories["target"], "--model", directories["encoder"],
+                          "--draft", directories["draft"], "--draft-tokens", "5"], capsys)
+    assert status == 0, err
+    assert [(m.draft.path, m.draft.tokens) if m.draft else None for m in seen] == [(directories["draft"], 5), None]

@@ -495,6 +495,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "idle connection to stay open; a stalled client is disconnected (default: 10)")
     p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
                                      "endpoint but /health (default: $ATENCION_API_KEY, else none)")
+    p.add_argument("--draft", metavar="DIR",
+                   help="speculative decoding for /generate: a small model directory with the same tokenizer as "
+                        "each served decoder proposes tokens that the decoder verifies; the same text (greedy) or "
+                        "distribution (sampled) as without it; translators and encoders are served without it "
+                        "(default: off)")
+    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64), default=4,
+                   help="tokens the draft proposes per round (default: 4)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
     p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
 
@@ -503,12 +510,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     """Serve models over HTTP: POST /translate (batched with the requests that arrive with it),
     /generate, /fill-mask and /classify (language models, one request at a time per model), GET
     /info, /health, /metrics (Prometheus), and the attention explorer at /. Stops on Ctrl-C or
-    SIGTERM after answering the requests in flight."""
+    SIGTERM after answering the requests in flight. With --draft, /generate decodes speculatively
+    (one text at a time) for the decoders served."""
     from .serve.run import serve_dirs
 
-    serve_dirs(args.model, args.host, args.port, args.device, args.threads, batch_tokens=args.batch_tokens,
-               max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences, max_tokens=args.max_tokens,
-               max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
+    serve_dirs(args.model, args.host, args.port, args.device, args.threads, args.draft, args.draft_tokens,
+               batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences,
+               max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
                max_body_bytes=args.max_body_bytes, max_queue=args.max_queue, timeout_s=args.timeout,
                read_timeout_s=args.read_timeout, api_key=args.api_key)
 

@@ -56,18 +56,19 @@ class SpeculativeStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def check_draft(target, draft, draft_tokens: int) -> None:
+def check_draft(target, draft, draft_tokens: int, target_name: str = "--model", draft_name: str = "--draft") -> None:
     """Refuse, in one line, a draft that is not a decoder-only model over the target's token ids,
-    a ``draft_tokens`` below 1, and a model whose cache cannot be rolled back."""
+    a ``draft_tokens`` below 1, and a model whose cache cannot be rolled back; ``target_name`` and
+    ``draft_name`` say where each came from (a server names the directories)."""
     if getattr(getattr(draft, "cfg", None), "arch", None) != "decoder":
-        raise AtencionError(f"--draft must be a decoder-only model (arch decoder), got arch "
+        raise AtencionError(f"{draft_name} must be a decoder-only model (arch decoder), got arch "
                             f"{getattr(getattr(draft, 'cfg', None), 'arch', None)!r}")
     if draft.cfg.vocab_size != target.cfg.vocab_size:
-        raise AtencionError(f"--draft has a vocabulary of {draft.cfg.vocab_size} tokens, the target (--model) of "
-                            f"{target.cfg.vocab_size}: a draft must share the target's vocabulary")
+        raise AtencionError(f"{draft_name} has a vocabulary of {draft.cfg.vocab_size} tokens, the target "
+                            f"({target_name}) of {target.cfg.vocab_size}: a draft must share the target's vocabulary")
     if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
         raise AtencionError(f"--draft-tokens must be a positive integer, got {draft_tokens!r}")
-    for name, model in (("--model", target), ("--draft", draft)):
+    for name, model in ((target_name, target), (draft_name, draft)):
         if not model.init_state().rewinds:
             kind = (model.cfg.attention or {}).get("kind")
             raise AtencionError(f"{name}: speculative decoding rolls the key/value cache back, which model.attention "

@@ -4,7 +4,9 @@ Endpoints: GET /health, /info, /metrics, / (the page) and /static/*; POST /trans
 translator), /generate (a decoder-only language model), /fill-mask (a masked language model) and
 /classify (a classifier: JSON texts, or for a ViT or a speech classifier an image or a WAV file
 uploaded as a multipart form) and /transcribe (a speech-to-text model: a WAV upload); a model of
-another kind is answered 400, saying which endpoints it has.
+another kind is answered 400, saying which endpoints it has. A decoder given a draft model
+(``LoadedModel.draft``, `serve --draft`) answers /generate by speculative decoding: the same
+greedy text, and samples from the same distribution, as without it; /info names the draft.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
 never a traceback; see ``ServeSettings`` for the limits.
 
@@ -88,12 +90,23 @@ class ServeSettings:
 
 
 @dataclass
+class Draft:
+    """The draft model of a decoder's speculative decoding (``decode/speculative.py``): its
+    directory, the model, and the tokens it proposes per round."""
+
+    path: str
+    model: Any
+    tokens: int = 4
+
+
+@dataclass
 class LoadedModel:
     name: str
     path: str
     model: Any
     tokenizer: Any
     induction: dict[str, Any] | None = None   # its induction-head scores, once asked (POST /attention)
+    draft: Draft | None = None                # /generate decodes speculatively with it (serve --draft)
 
     @property
     def arch(self) -> str:
@@ -370,10 +383,19 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
     ctx.check_length("prompt", body.prompt, len(ids))
+    speculative = {} if m.draft is None else {"draft": m.draft.model, "draft_tokens": m.draft.tokens}
     texts = await ctx.run(m, lambda: generate_text(
         m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
-        body.num_samples, what="prompt"))
+        body.num_samples, what="prompt", **speculative))
     return {"model": m.name, "prompt": body.prompt, "texts": texts}
+
+
+def _draft_info(m: LoadedModel) -> dict[str, Any]:
+    """/info's "draft" of a model that generates: the draft model /generate speculates with, or None."""
+    if m.draft is None:
+        return {"draft": None}
+    return {"draft": {"path": m.draft.path, "draft_tokens": m.draft.tokens,
+                      "parameters": m.draft.model.num_parameters()}}
 
 
 async def _fill_mask(body: FillMaskRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
@@ -506,7 +528,7 @@ MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
     _task_endpoint("translate", TranslateRequest, _translate, defaults=("beam", "alpha", "nbest", "max_len_a",
                                                                         "max_len_b")),
     _task_endpoint("generate", GenerateRequest, _generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
-                   server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}),
+                   server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}, info=_draft_info),
     _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
     _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)},
                    upload=_classify_upload),

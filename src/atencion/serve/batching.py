@@ -9,7 +9,9 @@ behind another, and a lone request waits at most ``max_wait_ms`` more than it wo
 
 The language models' endpoints (generate, fill-mask, classify) are not batched across requests:
 a ``Worker`` runs each model's requests one at a time on a thread of its own, with the same
-bounded queue.
+bounded queue. A /generate request's samples are drawn as one batch, or, with a draft model
+(`serve --draft`), one after another: speculative decoding continues one text at a time, since
+each accepts its own number of draft tokens per round (``tasks.lm.generate_text``).
 """
 
 from __future__ import annotations

@@ -26,10 +26,11 @@ def parse_models(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
-               threads: int = 0, **limits) -> None:
+               threads: int = 0, draft: str | None = None, draft_tokens: int = 4, **limits) -> None:
     """`atencion serve`: load the model directories ``models`` ([NAME=]DIR, the first the default)
     and serve them until Ctrl-C or SIGTERM; ``limits`` are ServeSettings fields (api_key: default
-    $ATENCION_API_KEY)."""
+    $ATENCION_API_KEY). With ``draft``, a model directory, /generate decodes speculatively
+    (``attach_draft``), ``draft_tokens`` proposed per round."""
     import os
 
     if threads:
@@ -37,13 +38,44 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
 
         torch.set_num_threads(threads)
     settings = ServeSettings(**{**limits, "api_key": limits.get("api_key") or os.environ.get("ATENCION_API_KEY")})
-    serve(load_models(models, device), host, port, settings)
+    loaded = load_models(models, device)
+    if draft is not None:
+        attach_draft(loaded, draft, draft_tokens, device)
+    serve(loaded, host, port, settings)
 
 
 def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
     from ..nn.model_dir import load_model_dir
 
     return [LoadedModel(name, path, *load_model_dir(path, device)) for name, path in parse_models(specs)]
+
+
+def attach_draft(models: list[LoadedModel], path: str, tokens: int = 4, device: str = "cpu") -> None:
+    """Give every model that answers /generate the draft model of the directory ``path``, which
+    proposes ``tokens`` per round of speculative decoding; a translator, an encoder or a classifier
+    is served as it is, without it. Refused in one line, naming the draft and the model, before
+    anything is served: no model that generates, a draft that is not a decoder, a draft whose
+    vocabulary is not a generating model's (``check_draft_vocabulary``), and a model whose cache
+    cannot roll back (``check_draft``).
+
+    Each model gets a copy of its own: a model's requests run on its own worker thread
+    (serve/batching.py), and the draft is then only ever run by the thread of the model it serves."""
+    import copy
+
+    from ..decode.speculative import check_draft
+    from ..nn.model_dir import load_model_dir
+    from ..tasks.lm import check_draft_vocabulary
+    from .app import Draft
+
+    generating = [m for m in models if "generate" in m.endpoints]
+    if not generating:
+        raise AtencionError(f"--draft {path}: no served model generates text (a decoder-only model answers "
+                            f"/generate); serve one, or leave --draft out")
+    draft, draft_tokenizer = load_model_dir(path, device, what="--draft")
+    for number, m in enumerate(generating):
+        check_draft(m.model, draft, tokens, f"--model {m.path}", f"--draft {path}")
+        check_draft_vocabulary(m.path, m.tokenizer, path, draft_tokenizer)
+        m.draft = Draft(path, draft if number == 0 else copy.deepcopy(draft), tokens)
 
 
 def uvicorn_config(app, host: str, port: int, settings: ServeSettings):
