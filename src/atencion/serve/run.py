@@ -53,10 +53,10 @@ def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
 def attach_draft(models: list[LoadedModel], path: str, tokens: int = 4, device: str = "cpu") -> None:
     """Give every model that answers /generate the draft model of the directory ``path``, which
     proposes ``tokens`` per round of speculative decoding; a translator, an encoder or a classifier
-    is served as it is, without it. Refused in one line, naming the draft and the model, before
-    anything is served: no model that generates, a draft that is not a decoder, a draft whose
-    vocabulary is not a generating model's (``check_draft_vocabulary``), and a model whose cache
-    cannot roll back (``check_draft``).
+    is served as it is, without it. Refused in one line before anything is served: no model that
+    generates, a draft that is not a decoder, a draft whose vocabulary is not a generating model's
+    (naming both directories: ``check_draft``, ``check_draft_vocabulary``), and a model whose cache
+    cannot roll back (naming its directory).
 
     Each model gets a copy of its own: a model's requests run on its own worker thread
     (serve/batching.py), and the draft is then only ever run by the thread of the model it serves."""
