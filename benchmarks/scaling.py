@@ -64,6 +64,9 @@ def model_config(vocab_size: int, layers: int, d_model: int, heads: int, context
                        max_positions=context, scale_embedding=False)
 
 
+WARMUP = 100   # updates of warm-up; the frontier's fit starts after them
+
+
 def kaplan_lr(n: int) -> float:
     """Kaplan et al.'s learning rate for a model of n non-embedding parameters (their eq. D.1)."""
     return 0.003239 - 0.0001395 * math.log(n)
@@ -103,7 +106,7 @@ def train_size(size, train_ids, valid_rows, vocab_size: int, args) -> dict:
     lr = kaplan_lr(n)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
-        (step + 1) / 100, 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+        (step + 1) / WARMUP, 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
     rng = random.Random(args.seed)            # the same batches for every size
     eval_rows = valid_rows[:: max(1, len(valid_rows) // args.eval_rows)][: args.eval_rows]
     marks, records, started = set(checkpoints(args.steps)), [], time.time()
@@ -169,7 +172,7 @@ def fit_run(args) -> None:
     from atencion.viz.scaling import fit_runs
 
     report = json.loads(Path(args.fit).read_text(encoding="utf-8"))
-    table = fit_runs(report["models"], samples=args.samples)
+    table = fit_runs(report["models"], samples=args.samples, after_step=WARMUP)
     text = json.dumps(table, indent=1) + "\n"
     if args.table:
         Path(args.table).write_text(text, encoding="utf-8")
@@ -214,10 +217,12 @@ def figure(report: dict, table: dict, path: Path) -> None:
         ax_c.plot(c, [r["valid_loss"] for r in m["checkpoints"]], linewidth=1, label=f"N = {m['non_embedding']:,}")
     front = table["frontier"]
     fc = np.array([p["compute"] for p in front["points"]])
+    fitted = np.array([p["compute"] for p in front["points"] if p["fitted"]])
     ax_c.plot(fc, [p["valid_loss"] for p in front["points"]], "k.", markersize=5)
-    cgrid = np.geomspace(fc.min(), fc.max(), 100)
+    cgrid = np.geomspace(fitted.min(), fitted.max(), 100)
     ax_c.plot(cgrid, PowerLaw(front["scale"], front["alpha"])(cgrid), "k--",
-              label=f"frontier: α_C = {front['alpha']:.3f}")
+              label=f"frontier after update {front['after_step']}: α_C = {front['alpha']:.3f}")
+    cgrid = np.geomspace(fc.min(), fc.max(), 100)
     ax_c.set(xscale="log", yscale="log", xlabel="training compute C (FLOP)", ylabel="held-out loss",
              title="loss against compute, every size")
     ax_c.legend(fontsize=6)

@@ -102,8 +102,8 @@ def _runs(truth: PowerLaw, rows: int = 200, seed: int = 0) -> list[dict]:
     runs = []
     for n in SIZES:
         row_losses = (truth(n) * np.exp(rng.normal(0, 0.02, rows))).tolist()
-        curve = [{"tokens": t, "valid_loss": truth(n) + 3.0 / math.sqrt(t / 1e4), "train_loss": 0.0}
-                 for t in (1e4, 1e5, 1e6)]
+        curve = [{"step": step, "tokens": t, "valid_loss": truth(n) + 3.0 / math.sqrt(t / 1e4), "train_loss": 0.0}
+                 for step, t in enumerate((1e4, 1e5, 1e6), start=1)]
         runs.append({"layers": 1, "d_model": 1, "heads": 1, "non_embedding": int(n), "lr": 1e-3, "minutes": 0.0,
                      "flops_per_token": 6 * int(n), "valid_loss": float(np.mean(row_losses)),
                      "row_losses": row_losses, "checkpoints": curve})
@@ -111,7 +111,7 @@ def _runs(truth: PowerLaw, rows: int = 200, seed: int = 0) -> list[dict]:
 
 
 def test_fit_runs_reports_the_exponent_its_interval_the_held_out_errors_and_the_frontier():
-    table = fit_runs(_runs(PowerLaw(scale=1e9, alpha=0.09, floor=0.0)), samples=50)
+    table = fit_runs(_runs(PowerLaw(scale=1e9, alpha=0.09, floor=0.0)), samples=50, after_step=1)
     plain = table["power_law"]
     assert plain["alpha"] == pytest.approx(0.09, abs=0.005)
     assert plain["alpha_bootstrap"]["low"] < plain["alpha"] < plain["alpha_bootstrap"]["high"]
@@ -122,3 +122,7 @@ def test_fit_runs_reports_the_exponent_its_interval_the_held_out_errors_and_the_
     assert all(a["valid_loss"] > b["valid_loss"] for a, b in zip(front, front[1:], strict=False))
     assert {p["non_embedding"] for p in front} <= {int(n) for n in SIZES}
     assert all(p["chinchilla_non_embedding"] == round(chinchilla_parameters(p["compute"])) for p in front)
+    assert all(p["fitted"] == (p["step"] > 1) for p in front)         # the first update's points are not fitted
+    assert not all(p["fitted"] for p in front)
+    every = fit_runs(_runs(PowerLaw(scale=1e9, alpha=0.09, floor=0.0)), samples=2)["frontier"]
+    assert all(p["fitted"] for p in every["points"]) and every["alpha"] != table["frontier"]["alpha"]

@@ -149,13 +149,14 @@ def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float
     return float(median), float(low), float(high)
 
 
-def fit_runs(runs: list[dict], samples: int = 1000, seed: int = 0) -> dict:
+def fit_runs(runs: list[dict], samples: int = 1000, seed: int = 0, after_step: int = 0) -> dict:
     """The fits of models trained on the same tokens (benchmarks/scaling.py's runs: each with its
     ``non_embedding`` N, ``valid_loss`` and ``row_losses`` on the same held-out rows,
     ``flops_per_token``, and ``checkpoints`` of ``tokens`` and ``valid_loss``): L(N) without and with
     L_∞, each with its bootstrap interval (``samples`` resamplings of the rows) and its relative
     error at the largest size and at each size left out of the fit in turn; the compute frontier
-    with L(C) fitted to it; beside each frontier point, the size the Chinchilla rule gives."""
+    with L(C) fitted to its points after update ``after_step`` (a warm-up's early fall is no power
+    law); beside each frontier point, the size the Chinchilla rule gives."""
     models = sorted(runs, key=lambda m: m["non_embedding"])
     n = [m["non_embedding"] for m in models]
     loss = [m["valid_loss"] for m in models]
@@ -182,9 +183,13 @@ def fit_runs(runs: list[dict], samples: int = 1000, seed: int = 0) -> dict:
     front = frontier(points)
     owner = {(m["flops_per_token"] * c["tokens"], c["valid_loss"]): m["non_embedding"]
              for m in models for c in m["checkpoints"]}
-    law = fit_power_law([compute for compute, _ in front], [value for _, value in front])
-    out["frontier"] = {"scale": law.scale, "alpha": round(law.alpha, 5),
+    step = {(m["flops_per_token"] * c["tokens"], c["valid_loss"]): c.get("step", after_step + 1)
+            for m in models for c in m["checkpoints"]}
+    fitted = [(compute, value) for compute, value in front if step[(compute, value)] > after_step]
+    law = fit_power_law([compute for compute, _ in fitted], [value for _, value in fitted])
+    out["frontier"] = {"scale": law.scale, "alpha": round(law.alpha, 5), "after_step": after_step,
                        "points": [{"compute": compute, "valid_loss": value, "non_embedding": owner[(compute, value)],
+                                   "step": step[(compute, value)], "fitted": (compute, value) in fitted,
                                    "chinchilla_non_embedding": round(chinchilla_parameters(compute))}
                                   for compute, value in front]}
     return out
