@@ -3,7 +3,7 @@ million non-embedding parameters (2.6 orders of magnitude), trained on the same 
 same number of tokens, their held-out loss fitted against size (L(N) = (N_c / N)^α_N, and the same
 plus an irreducible L_∞) and against compute (the frontier), with the Chinchilla rule beside it.
 
-    python benchmarks/scaling.py --out runs/scaling                      # about 65 min at 1 thread
+    python benchmarks/scaling.py --out runs/scaling                      # 72 min at 1 thread, under load
     python benchmarks/scaling.py --fit runs/scaling/scaling.json \\
         --figure docs/figures/scaling.png --table docs/figures/scaling_fit.json
     python benchmarks/scaling.py --out runs/scaling-smoke --steps 20 --sizes 2   # a look
