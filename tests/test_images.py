@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from atencion.cli import main
-from atencion.data.images import read_image, shift_images
+from atencion.data.images import read_image, rotate, rotate_images, shift_images
 from atencion.errors import AtencionError, MissingFileError
 
 
@@ -118,6 +118,31 @@ def test_a_shift_moves_each_image_by_whole_pixels_and_fills_zeros():
         assert len(found) == 1
 
 
+def test_a_rotation_equals_scipys_bilinear_rotation_and_a_quarter_turn_is_rot90():
+    ndimage = pytest.importorskip("scipy.ndimage")
+    images = torch.randn(3, 2, 9, 7, dtype=torch.float64)          # not square: no shear allowed
+    angles = torch.tensor([30.0, -17.0, 180.0])
+    turned = rotate(images, angles)
+    for image, angle, out in zip(images, angles.tolist(), turned):
+        for channel, result in zip(image, out):
+            expected = ndimage.rotate(channel.numpy(), angle, reshape=False, order=1, mode="grid-constant", cval=0.0)
+            assert np.abs(result.numpy() - expected).max() < 1e-12
+    square = torch.randn(2, 1, 6, 6)
+    quarter = rotate(square, torch.tensor([90.0, -90.0]))
+    assert torch.allclose(quarter[0], torch.rot90(square[0], 1, (1, 2)), atol=1e-5)    # counter-clockwise as shown
+    assert torch.allclose(quarter[1], torch.rot90(square[1], -1, (1, 2)), atol=1e-5)
+
+
+def test_random_rotations_are_drawn_from_the_generator_within_the_range():
+    images = torch.rand(16, 1, 8, 8)
+    assert torch.equal(rotate_images(images, 0, torch.Generator()), images)
+    first = rotate_images(images, 15, torch.Generator().manual_seed(5))
+    assert torch.equal(first, rotate_images(images, 15, torch.Generator().manual_seed(5)))   # the seed decides
+    assert not torch.equal(first, rotate_images(images, 15, torch.Generator().manual_seed(6)))
+    angles = (torch.rand(16, generator=torch.Generator().manual_seed(5)) * 2 - 1) * 15
+    assert torch.equal(first, rotate(images, angles)) and angles.abs().max() <= 15 and angles.std() > 3
+
+
 def _moved(image, dy, dx):
     out = torch.zeros_like(image)
     h, w = image.shape[-2:]
@@ -160,7 +185,7 @@ def vit_dir(tmp_path_factory):
     (tmp / "valid.tsv").write_text("".join(_stripes(tmp / "valid", 16)))
     (tmp / "c.yaml").write_text("task: classify\n")
     cfg = load_config(tmp / "c.yaml", [*VIT, f"data.train_tsv={tmp / 'train.tsv'}",
-                                       f"data.valid_tsv={tmp / 'valid.tsv'}", "data.shift=1",
+                                       f"data.valid_tsv={tmp / 'valid.tsv'}", "data.shift=1", "data.rotate=10",
                                        "train.max_steps=60", "train.max_epochs=100",
                                        "train.valid_every=30"])
     summary = train(cfg, tmp / "run")
@@ -247,3 +272,17 @@ def test_training_refuses_a_bad_image_before_writing_anything(vit_dir, tmp_path)
     with pytest.raises(AtencionError, match="data.shift moves images; this model reads tokens"):
         train(text, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+    turned = load_config(tmp_path / "c.yaml", [f"data.train_tsv={tmp_path / 'train.tsv'}", "data.rotate=5"])
+    with pytest.raises(AtencionError, match="data.rotate turns images; this model reads tokens"):
+        train(turned, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("setting, does", [("data.shift=1", "data.shift moves"),
+                                           ("data.rotate=10", "data.rotate turns")])
+def test_image_augmentation_is_refused_for_a_task_without_images(tmp_path, setting, does):
+    from atencion.train.config import load_config
+
+    (tmp_path / "c.yaml").write_text("task: lm\n")
+    with pytest.raises(AtencionError, match=f"{does} the images a classifier trains on; task 'lm' reads none"):
+        load_config(tmp_path / "c.yaml", [f"data.train_text={tmp_path / 'text.txt'}", setting])

@@ -80,3 +80,26 @@ def shift_images(images: Tensor, shift: int, generator: torch.Generator) -> Tens
     padded = torch.nn.functional.pad(images, (shift, shift, shift, shift))
     offsets = torch.randint(0, 2 * shift + 1, (batch, 2), generator=generator).tolist()
     return torch.stack([padded[i, :, dy:dy + height, dx:dx + width] for i, (dy, dx) in enumerate(offsets)])
+
+
+def rotate(images: Tensor, degrees: Tensor) -> Tensor:
+    """Each image of ``images`` (batch, channels, height, width) turned about its centre by its own
+    angle ``degrees[i]`` (counter-clockwise as displayed, rows running down), sampled bilinearly;
+    what enters the frame is zero. The grid is in pixels, so non-square images turn without shear."""
+    batch, _, height, width = images.shape
+    angle = torch.deg2rad(degrees.to(images.dtype))
+    cos, sin, zero = angle.cos(), angle.sin(), torch.zeros_like(angle)
+    # output pixel -> input pixel, in affine_grid's coordinates (-1 … 1 along each side)
+    theta = torch.stack([torch.stack([cos, -sin * height / width, zero], 1),
+                         torch.stack([sin * width / height, cos, zero], 1)], 1)
+    grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def rotate_images(images: Tensor, degrees: float, generator: torch.Generator) -> Tensor:
+    """Each image turned by its own angle drawn uniformly from [-degrees, degrees] with
+    ``generator`` (data augmentation; :func:`rotate`)."""
+    if degrees == 0:
+        return images
+    angles = (torch.rand(images.size(0), generator=generator) * 2 - 1) * degrees
+    return rotate(images, angles)

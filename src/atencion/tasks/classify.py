@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
-from ..data.images import shift_images
+from ..data.images import rotate_images, shift_images
 from ..data.text import read_labelled_lines
 from ..data.tokenizer import PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
@@ -65,9 +65,11 @@ class ClassifyTask(Task):
         self.inputs = cfg.model_inputs()  # None: tokens; else the files are read now, before anything is written
         self.tokens = self.inputs is None
         what = "text" if self.tokens else "path"
-        if d.shift and (self.inputs is None or self.inputs["kind"] != "patches"):
-            reads = self.inputs["kind"] if self.inputs else "tokens"
-            raise AtencionError(f"data.shift moves images; this model reads {reads} (model.inputs): set data.shift: 0")
+        for key, does in (("shift", "moves"), ("rotate", "turns")):
+            if getattr(d, key) and (self.inputs is None or self.inputs["kind"] != "patches"):
+                reads = self.inputs["kind"] if self.inputs else "tokens"
+                raise AtencionError(f"data.{key} {does} images; this model reads {reads} (model.inputs): "
+                                    f"set data.{key}: 0")
         if d.train_tsv is None:
             raise AtencionError(f"data.train_tsv: task 'classify' reads label<TAB>{what} rows; set data.train_tsv")
         self.train_rows, self.labels, skipped, lines = read_labelled_lines(d.train_tsv, None, d.header,
@@ -126,9 +128,11 @@ class ClassifyTask(Task):
         labels = torch.tensor([self.targets[i] for i in indices])
         if not self.tokens:
             inputs, lengths = INPUTS[self.inputs["kind"]].collate([self.examples[i] for i in indices])
-            if self.cfg.data.shift:  # drawn from the seed, the step and the part: a resumed run draws them again
-                seed = self.cfg.train.seed * 1_000_003 + step * 1009 + part
-                inputs = shift_images(inputs, self.cfg.data.shift, torch.Generator().manual_seed(seed))
+            if self.cfg.data.shift or self.cfg.data.rotate:  # drawn from the seed, the step and the part:
+                seed = self.cfg.train.seed * 1_000_003 + step * 1009 + part  # a resumed run draws them again
+                generator = torch.Generator().manual_seed(seed)
+                inputs = rotate_images(shift_images(inputs, self.cfg.data.shift, generator), self.cfg.data.rotate,
+                                       generator)
             positions = sum(self._lengths[i][0] + 1 for i in indices)
             return TaskBatch(inputs, labels, len(indices), positions, lengths=lengths)
         pad = self.tokenizer.specials.pad

@@ -55,6 +55,8 @@ class DataConfig:
     character_coverage: float = 1.0
     shift: int = 0                      # classify on images: each training image moved by a random whole number of
                                         # pixels in [-shift, shift] along each axis, zero-filled (augmentation)
+    rotate: float = 0.0                 # classify on images: each training image turned by a random angle in
+                                        # [-rotate, rotate] degrees, bilinear, zero-filled (augmentation)
 
 
 @dataclass
@@ -349,7 +351,7 @@ RANGES = {
     "train.patience": (0, True), "train.keep_last": (1, True), "train.log_every": (1, True),
     "train.threads": (0, True), "train.lr_min": (0.0, True), "data.block_size": (1, True),
     "data.valid_fraction": (0.0, False), "data.mask_probability": (0.0, False), "decode.beam": (1, True),
-    "decode.alpha": (0.0, True), "data.shift": (0, True),
+    "decode.alpha": (0.0, True), "data.shift": (0, True), "data.rotate": (0.0, True),
     "decode.max_len_a": (0.0, True), "decode.max_len_b": (0, True), "decode.batch_tokens": (1, True),
 }
 
@@ -390,9 +392,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if cfg.early_stop_metric not in ("loss", *TASKS[cfg.task].metrics):
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
                             f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
-    if d.shift and cfg.task != "classify":
-        raise AtencionError(f"{source}: data.shift moves the images a classifier trains on; task {cfg.task!r} "
-                            f"reads none: set data.shift: 0")
+    for key, does in (("shift", "moves"), ("rotate", "turns")):
+        if getattr(d, key) and cfg.task != "classify":
+            raise AtencionError(f"{source}: data.{key} {does} the images a classifier trains on; task {cfg.task!r} "
+                                f"reads none: set data.{key}: 0")
     if t.schedule == "cosine" and not t.max_steps:
         raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
                             f"set train.max_steps")
