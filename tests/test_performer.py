@@ -9,6 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 from atencion.errors import AtencionError
 from atencion.nn.attention import _explicit_attention, causal_mask
+from atencion.nn.kinds import performer
 from atencion.nn.kinds.performer import PerformerFeatures, PerformerState, performer_attention, performer_step
 
 
@@ -53,7 +54,8 @@ def test_the_estimate_converges_to_equation_one_as_features_grow():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_len", [300, 170])
-def test_linear_form_equals_its_quadratic_form_in_values_and_gradients(causal, q_len):
+def test_linear_form_equals_its_quadratic_form_in_values_and_gradients(causal, q_len, monkeypatch):
+    monkeypatch.setattr(performer, "SPAN", 128)  # the bidirectional sums in three spans, the last one short
     q, k, v = _qkv(tq=q_len, tk=300)  # three chunks of the causal prefix sums
     mask = _key_padding(2, 300, [(0, 300), (20, 261)])  # the second row's first 20 keys: a padded prefix
     features = PerformerFeatures(8, 24, seed=1).double()

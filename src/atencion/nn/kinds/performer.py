@@ -26,6 +26,7 @@ from ...errors import AtencionError
 from ..attention import causal_mask, check_mask
 
 CHUNK = 128  # positions per step of the causal prefix sums: the (chunk × chunk) block is the only quadratic term
+SPAN = 1024  # positions per step of the bidirectional sums: each step's (span × features) tensors stay small
 
 
 def orthogonal_gaussian(d_k: int, features: int, generator: torch.Generator) -> Tensor:
@@ -123,17 +124,19 @@ def performer_attention(
                             f"queries and {k_len} keys")
     scale = q.size(-1) ** -0.5 if scale is None else scale
     work = torch.promote_types(q.dtype, torch.float32)
-    phi_q = _query_features(q.to(work), features, scale)
-    key_exp = _key_exponents(k.to(work), features, scale, mask)
-    v_work = v.to(work)
+    q, k, v_work = q.to(work), k.to(work), v.to(work)
     if causal:
+        phi_q, key_exp = _query_features(q, features, scale), _key_exponents(k, features, scale, mask)
         state, offset = PerformerState(), k_len - q_len
         if offset:  # keys before the first query: every query sees them
             _causal(None, key_exp[..., :offset, :], v_work[..., :offset, :], state)
         out = _causal(phi_q, key_exp[..., offset:, :], v_work[..., offset:, :], state)
     else:
-        out = _bidirectional(phi_q, key_exp, v_work)
-    weights = _implied_weights(phi_q, key_exp, causal).to(q.dtype) if need_weights else None
+        out = _bidirectional(q, k, v_work, features, scale, mask)
+    weights = None
+    if need_weights:
+        phi_q, key_exp = _query_features(q, features, scale), _key_exponents(k, features, scale, mask)
+        weights = _implied_weights(phi_q, key_exp, causal).to(v.dtype)
     if features.training:
         features.count_training_call()
     return out.to(v.dtype), weights
@@ -166,15 +169,31 @@ def _key_exponents(k: Tensor, features: PerformerFeatures, scale: float, mask: T
     return exponents if mask is None else exponents.masked_fill(~mask[..., 0, :, None], float("-inf"))
 
 
-def _bidirectional(phi_q: Tensor, key_exp: Tensor, v: Tensor) -> Tensor:
+def _bidirectional(q: Tensor, k: Tensor, v: Tensor, features: PerformerFeatures, scale: float,
+                   mask: Tensor | None) -> Tensor:
     """φ(Q) (φ(K)ᵀ V) / (φ(Q) φ(K)ᵀ 1), the keys' φ divided by exp of their largest exponent (a constant
-    of the whole head, which cancels; the lowest finite number where no key is visible)."""
-    lowest = torch.finfo(key_exp.dtype).min
-    stabiliser = key_exp.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(lowest)
-    phi_k = torch.exp(key_exp - stabiliser) / math.sqrt(key_exp.size(-1))
-    numerator = phi_q @ (phi_k.transpose(-1, -2) @ v)
-    denominator = phi_q @ phi_k.sum(-2)[..., None]
-    return _ratio(numerator, denominator)
+    of the whole head, which cancels; the lowest finite number where no key is visible). Computed ``SPAN``
+    positions at a time, the sums rescaled when a later span's largest exponent is larger, so that no step
+    touches more than a span's features: the time stays linear in the length where whole (length × features)
+    tensors would outgrow the caches and the allocator's reuse."""
+    lowest = torch.finfo(k.dtype).min
+    stabiliser, kv, key_sum = None, 0, 0
+    spans_mask = [None] * math.ceil(k.size(-2) / SPAN) if mask is None else mask.split(SPAN, dim=-1)
+    for span, span_v, span_mask in zip(k.split(SPAN, dim=-2), v.split(SPAN, dim=-2), spans_mask):
+        exponents = _key_exponents(span, features, scale, span_mask)
+        largest = exponents.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(lowest)
+        if stabiliser is not None:  # the largest so far grew: rescale the sums to it, as online softmax does
+            largest = torch.maximum(largest, stabiliser)
+            kv, key_sum = kv * torch.exp(stabiliser - largest), key_sum * torch.exp(stabiliser - largest)[..., 0]
+        stabiliser = largest
+        phi_k = torch.exp(exponents - stabiliser) / math.sqrt(features.features)
+        kv = kv + phi_k.transpose(-1, -2) @ span_v
+        key_sum = key_sum + phi_k.sum(-2)
+    outputs = []
+    for span in q.split(SPAN, dim=-2):
+        phi_q = _query_features(span, features, scale)
+        outputs.append(_ratio(phi_q @ kv, phi_q @ key_sum[..., None]))
+    return torch.cat(outputs, dim=-2)
 
 
 def _causal(phi_q: Tensor | None, key_exp: Tensor, v: Tensor, state: PerformerState) -> Tensor | None:
