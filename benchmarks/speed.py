@@ -57,6 +57,7 @@ under bf16 autocast (both engines) and measures the peak with bf16 matmuls.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import importlib.util
 import json
@@ -397,31 +398,46 @@ def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=()) ->
     return outputs, seconds
 
 
-def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device, ct2_dir=None) -> dict:
+def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device, ct2_dir=None,
+                  int8: bool = False) -> dict:
     """Generation tokens/s of ``generate_ids`` and Hugging Face's ``generate`` (KV cache, no stop
     token) from one prompt repeated over ``rows``; with ``greedy``, how many rows agree. With
     ``ct2_dir`` (greedy only), CTranslate2 float32 and int8 on the export there (``ct2_generate``,
     the same prompt and settings) are measured in the same rounds: their tokens/s, atencion's
-    ratio to each, and their rows' agreement with atencion's."""
+    ratio to each, and their rows' agreement with atencion's. With ``int8`` (CPU), both engines
+    again with int8 linear layers in the same rounds: atencion's ``quantize_int8`` against torch's
+    dynamic quantization of the Hugging Face model (``quantize_dynamic`` on every ``nn.Linear``,
+    its output projection included, as ours quantizes the generator)."""
     from atencion.decode.sample import generate_ids
 
     ours, hf = ours.to(device).eval(), hf.to(device).eval()
+    models = {"ours": ours, "hf": hf}
+    if int8:
+        from atencion.nn.quantize import quantize_int8
+
+        models["ours_int8"] = quantize_int8(ours)
+        models["hf_int8"] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(hf), {torch.nn.Linear},
+                                                                   dtype=torch.qint8)
     prompt = torch.randint(4, CHARS, (1, PROMPT), generator=torch.Generator().manual_seed(2))
     prompt = prompt.expand(rows, -1).contiguous().to(device)
     sampling = dict(temperature=0.0) if greedy else dict(temperature=0.8, top_p=0.95)
     hf_sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=0.8, top_k=0, top_p=0.95)
 
-    def run_ours(seed, new):
-        return generate_ids(ours, prompt, new, generator=torch.Generator(device).manual_seed(seed), **sampling)
+    def run_ours(model):
+        def run(seed, new):
+            return generate_ids(model, prompt, new, generator=torch.Generator(device).manual_seed(seed), **sampling)
+        return run
 
-    def run_hf(seed, new):
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, use_cache=True,
-                              eos_token_id=None, pad_token_id=PAD, **hf_sampling)
-        return out[:, PROMPT:]
+    def run_hf(model):
+        def run(seed, new):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                     use_cache=True, eos_token_id=None, pad_token_id=PAD, **hf_sampling)
+            return out[:, PROMPT:]
+        return run
 
-    engines = {"ours": run_ours, "hf": run_hf}
+    engines = {name: (run_hf if name.startswith("hf") else run_ours)(model) for name, model in models.items()}
     if ct2_dir is not None:
         engines.update((f"ct2_{kind}", ct2_engine(ct2_dir, prompt, kind)) for kind in ("float32", "int8"))
     outputs, seconds = timed_rounds(engines, rounds, device, reload=[name for name in engines if "ct2" in name])
@@ -434,12 +450,18 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
         name = f"ct2_{kind}"
         result[name] = dict(tok_s=tokens / statistics.median(seconds[name]), **ratio_over_rounds(seconds, name),
                             **same_rows(outputs["ours"], outputs[name]))
+    if int8:
+        result["int8"] = dict(ours_tok_s=tokens / statistics.median(seconds["ours_int8"]),
+                              hf_tok_s=tokens / statistics.median(seconds["hf_int8"]),
+                              **ratio_over_rounds(seconds, "hf_int8", "ours_int8"),
+                              **same_rows(outputs["ours_int8"], outputs["hf_int8"]),
+                              same_as_float32=same_rows(outputs["ours_int8"], outputs["ours"])["greedy_same"])
     return result
 
 
-def ratio_over_rounds(seconds: dict, peer: str) -> dict:
-    """atencion's speed over ``peer``'s: the median of the rounds' ratios, and their range."""
-    ratios = [p / o for o, p in zip(seconds["ours"], seconds[peer])]
+def ratio_over_rounds(seconds: dict, peer: str, ours: str = "ours") -> dict:
+    """atencion's speed (engine ``ours``) over ``peer``'s: the median of the rounds' ratios, and their range."""
+    ratios = [p / o for o, p in zip(seconds[ours], seconds[peer])]
     return dict(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
 
 
@@ -506,7 +528,7 @@ def llama_part(args, device: torch.device) -> dict:
             ct2_dir = Path(tmp) / "ct2"
             export(ours, ct2_dir, "ctranslate2")
         for rows in (1, 16):
-            row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir)
+            row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu")
             shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
             result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
@@ -698,6 +720,16 @@ def print_lm_table(rows: dict) -> None:
                       f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
         print("  ratio: atencion's tokens/s (float32) over CTranslate2's; int8's greedy tokens may differ from "
               "float32's")
+    int8 = {name: row["int8"] for name, row in rows.items() if "int8" in row}
+    if int8:
+        print(f"\n{'int8 (tokens/s)':<24}{'atencion':>12}{'HF':>12}{'ratio':>8}{'range':>14}{'greedy same':>13}"
+              f"{'as fp32':>9}")
+        for name, row in int8.items():
+            print(f"{name:<24}{row['ours_tok_s']:>12.0f}{row['hf_tok_s']:>12.0f}{row['ratio']:>8.2f}"
+                  f"{row['ratio_min']:>8.2f}-{row['ratio_max']:<5.2f}{row['greedy_same']:>13.3f}"
+                  f"{row['same_as_float32']:>9.3f}")
+        print("  atencion's quantize_int8 against torch's quantize_dynamic of the Hugging Face model; greedy same: "
+              "their rows agree; as fp32: atencion's int8 rows equal its float32 rows")
 
 
 if __name__ == "__main__":
