@@ -48,7 +48,9 @@ atencion with `sequence_loss`, Hugging Face with `model(..., labels=...)`.
   export, the same prompt, no stop token) in the same rounds: a second table gives atencion's
   tokens/s over CTranslate2's (median of the rounds, range) and the share of CTranslate2's rows
   with atencion's greedy tokens. Each CTranslate2 run loads its generator untimed before and
-  releases it after (a loaded one slows the engines beside it).
+  releases it after (a loaded one slows the engines beside it). On a CPU a third table gives int8
+  against int8: atencion's `quantize_int8` against torch's `quantize_dynamic` of the Hugging Face
+  model, in the same rounds.
 
 On a GPU (--device cuda) the same comparison runs there, CTranslate2 left out; --bf16 trains
 under bf16 autocast (both engines) and measures the peak with bf16 matmuls.

@@ -125,18 +125,16 @@ def performer_attention(
     scale = q.size(-1) ** -0.5 if scale is None else scale
     work = torch.promote_types(q.dtype, torch.float32)
     q, k, v_work = q.to(work), k.to(work), v.to(work)
-    if causal:
+    if causal or need_weights:  # whole (length × features) tensors: the bidirectional sums go span by span
         phi_q, key_exp = _query_features(q, features, scale), _key_exponents(k, features, scale, mask)
+    if causal:
         state, offset = PerformerState(), k_len - q_len
         if offset:  # keys before the first query: every query sees them
             _causal(None, key_exp[..., :offset, :], v_work[..., :offset, :], state)
         out = _causal(phi_q, key_exp[..., offset:, :], v_work[..., offset:, :], state)
     else:
         out = _bidirectional(q, k, v_work, features, scale, mask)
-    weights = None
-    if need_weights:
-        phi_q, key_exp = _query_features(q, features, scale), _key_exponents(k, features, scale, mask)
-        weights = _implied_weights(phi_q, key_exp, causal).to(v.dtype)
+    weights = _implied_weights(phi_q, key_exp, causal).to(v.dtype) if need_weights else None
     if features.training:
         features.count_training_call()
     return out.to(v.dtype), weights
@@ -184,7 +182,8 @@ def _bidirectional(q: Tensor, k: Tensor, v: Tensor, features: PerformerFeatures,
         largest = exponents.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(lowest)
         if stabiliser is not None:  # the largest so far grew: rescale the sums to it, as online softmax does
             largest = torch.maximum(largest, stabiliser)
-            kv, key_sum = kv * torch.exp(stabiliser - largest), key_sum * torch.exp(stabiliser - largest)[..., 0]
+            carry = torch.exp(stabiliser - largest)
+            kv, key_sum = kv * carry, key_sum * carry[..., 0]
         stabiliser = largest
         phi_k = torch.exp(exponents - stabiliser) / math.sqrt(features.features)
         kv = kv + phi_k.transpose(-1, -2) @ span_v
