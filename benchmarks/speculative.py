@@ -7,7 +7,8 @@ positions, 0.8M parameters). The target is larger: configs/shakespeare_char_30mi
 and longer, 6 layers, d_model 256, 8 heads, d_ff 1024, 256 learned positions and blocks of 256
 characters (4.8M parameters), so that the text generated stays within its positions, trained on
 6 blocks (1,536 characters) per update. Both are trained here if missing, by updates
-(``--draft-steps``, ``--target-steps``; a finished run of the same command is reused). Then, for
+(``--draft-steps``, ``--target-steps``; a finished run of the same command is reused), or given
+as trained model directories (``--draft-model``, ``--target-model``). Then, for
 each prompt (the start of a line of the held-out tail) and each ``--draft-tokens`` k, the target
 alone and the target with the draft generate ``--new-tokens`` tokens greedily, one after the
 other, timed apart; reported: median and range over the rounds of tokens/s, speed-up and
@@ -59,7 +60,10 @@ def train(name: str, config: str, steps: int, overrides: list[str], args) -> Pat
 
 
 def summary(run: Path) -> dict:
-    """Updates, minutes and the best validation loss of a finished run (its log.jsonl)."""
+    """Updates, minutes and the best validation loss of a finished run (its log.jsonl; nothing
+    for a model directory that is not a run's)."""
+    if not (run / "log.jsonl").is_file():
+        return {}
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     done = [r["summary"] for r in records if "summary" in r][-1]
     losses = [r["valid_loss"] for r in records if "valid_loss" in r]
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="a config override of the draft's run (repeatable)")
     parser.add_argument("--target-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a config override of the target's run, after its shape (repeatable)")
+    parser.add_argument("--draft-model", metavar="DIR", help="a trained draft's model directory (not trained)")
+    parser.add_argument("--target-model", metavar="DIR", help="a trained target's model directory (not trained)")
     parser.add_argument("--draft-tokens", default="3,5", help="k values, comma-separated (default: 3,5)")
     parser.add_argument("--rounds", type=int, default=7, help="prompts, one round each (default: 7)")
     parser.add_argument("--new-tokens", type=int, default=200, help="tokens generated per round (default: 200)")
@@ -154,11 +160,17 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    draft = train("draft", args.draft_config, args.draft_steps, args.draft_set, args)
-    target = train("target", args.target_config, args.target_steps, TARGET_SHAPE + args.target_set, args)
-    report = {"draft": {"config": args.draft_config, "set": args.draft_set, **summary(draft.parent)},
-              "target": {"config": args.target_config, "set": TARGET_SHAPE + args.target_set,
-                         **summary(target.parent)},
+    draft = Path(args.draft_model) if args.draft_model else \
+        train("draft", args.draft_config, args.draft_steps, args.draft_set, args)
+    target = Path(args.target_model) if args.target_model else \
+        train("target", args.target_config, args.target_steps, TARGET_SHAPE + args.target_set, args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    made = {"draft": {"model": str(draft)} if args.draft_model else
+            {"config": args.draft_config, "set": args.draft_set},
+            "target": {"model": str(target)} if args.target_model else
+            {"config": args.target_config, "set": TARGET_SHAPE + args.target_set}}
+    report = {"draft": {**made["draft"], **summary(draft.parent)},
+              "target": {**made["target"], **summary(target.parent)},
               "new_tokens": args.new_tokens, "threads": args.threads, "by_k": measure(target, draft, args)}
     (Path(args.out) / "speculative.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({name: report[name] for name in ("draft", "target")}))

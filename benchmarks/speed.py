@@ -50,7 +50,11 @@ atencion with `sequence_loss`, Hugging Face with `model(..., labels=...)`.
   with atencion's greedy tokens. Each CTranslate2 run loads its generator untimed before and
   releases it after (a loaded one slows the engines beside it). On a CPU a third table gives int8
   against int8: atencion's `quantize_int8` against torch's `quantize_dynamic` of the Hugging Face
-  model, in the same rounds.
+  model, in the same rounds. With llama-cpp-python installed (opt-in: it builds llama.cpp from
+  source), llama.cpp joins batch 1 on atencion's GGUF export of the same weights (`export
+  --format gguf`, float32 and q8_0, with a character vocabulary of the model's size, since the
+  file must hold one): a fourth table gives atencion float32 against llama.cpp f32 and atencion
+  int8 against llama.cpp q8_0.
 
 On a GPU (--device cuda) the same comparison runs there, CTranslate2 left out; --bf16 trains
 under bf16 autocast (both engines) and measures the peak with bf16 matmuls.
@@ -401,7 +405,7 @@ def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=()) ->
 
 
 def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.device, ct2_dir=None,
-                  int8: bool = False) -> dict:
+                  int8: bool = False, gguf_dir=None) -> dict:
     """Generation tokens/s of ``generate_ids`` and Hugging Face's ``generate`` (KV cache, no stop
     token) from one prompt repeated over ``rows``; with ``greedy``, how many rows agree. With
     ``ct2_dir`` (greedy only), CTranslate2 float32 and int8 on the export there (``ct2_generate``,
@@ -409,7 +413,9 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
     ratio to each, and their rows' agreement with atencion's. With ``int8`` (CPU), both engines
     again with int8 linear layers in the same rounds: atencion's ``quantize_int8`` against torch's
     dynamic quantization of the Hugging Face model (``quantize_dynamic`` on every ``nn.Linear``,
-    its output projection included, as ours quantizes the generator)."""
+    its output projection included, as ours quantizes the generator). With ``gguf_dir`` (greedy,
+    one row), llama.cpp on the GGUF exports there (model-f32.gguf, model-q8_0.gguf) in the same
+    rounds: against atencion's float32 and, with ``int8``, its int8."""
     from atencion.decode.sample import generate_ids
 
     ours, hf = ours.to(device).eval(), hf.to(device).eval()
@@ -442,6 +448,9 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
     engines = {name: (run_hf if name.startswith("hf") else run_ours)(model) for name, model in models.items()}
     if ct2_dir is not None:
         engines.update((f"ct2_{kind}", ct2_engine(ct2_dir, prompt, kind)) for kind in ("float32", "int8"))
+    if gguf_dir is not None:
+        engines.update((f"llamacpp_{kind}", llama_cpp_engine(gguf_dir / f"model-{kind}.gguf", prompt))
+                       for kind in ("f32", "q8_0"))
     outputs, seconds = timed_rounds(engines, rounds, device, reload=[name for name in engines if "ct2" in name])
     tokens = rows * NEW_TOKENS
     result = dict(ours_tok_s=tokens / statistics.median(seconds["ours"]),
@@ -452,6 +461,13 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
         name = f"ct2_{kind}"
         result[name] = dict(tok_s=tokens / statistics.median(seconds[name]), **ratio_over_rounds(seconds, name),
                             **same_rows(outputs["ours"], outputs[name]))
+    for kind, ours_name in (("f32", "ours"), ("q8_0", "ours_int8")) if gguf_dir is not None else ():
+        name = f"llamacpp_{kind}"
+        if ours_name in seconds:
+            result[name] = dict(ours_tok_s=tokens / statistics.median(seconds[ours_name]),
+                                tok_s=tokens / statistics.median(seconds[name]),
+                                **ratio_over_rounds(seconds, name, ours_name),
+                                **same_rows(outputs[ours_name], outputs[name]))
     if int8:
         result["int8"] = dict(ours_tok_s=tokens / statistics.median(seconds["ours_int8"]),
                               hf_tok_s=tokens / statistics.median(seconds["hf_int8"]),
@@ -484,6 +500,41 @@ def ct2_engine(export_dir, prompt: torch.Tensor, compute_type: str):
         return torch.tensor(ct2_generate(export_dir, prompt.tolist(), new, stop=[], compute_type=compute_type,
                                          threads=torch.get_num_threads()))
     return run
+
+
+def llama_cpp_engine(path: Path, prompt: torch.Tensor):
+    """llama.cpp's greedy continuation (llama-cpp-python's ``generate``: top-k 1, no repetition
+    penalty, no stop token) of ``prompt``'s one row, its cache emptied before each run, as a tensor
+    like the others'. The file is loaded once, untimed."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(path), n_ctx=PROMPT + NEW_TOKENS + 8, n_threads=torch.get_num_threads(),
+                          n_threads_batch=torch.get_num_threads(), verbose=False)
+    ids = prompt[0].tolist()
+
+    def run(seed, new):
+        llm.reset()
+        tokens = []
+        for token in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            tokens.append(token)
+            if len(tokens) == new:
+                break
+        return torch.tensor([tokens])
+    return run
+
+
+def gguf_exports(model, out: Path) -> Path:
+    """``model`` written to out/model-f32.gguf and out/model-q8_0.gguf, with a character vocabulary
+    of its size (llama.cpp needs one in the file; the engines here exchange token ids only)."""
+    from atencion.data.tokenizer import SPECIALS, CharVocab, Tokenizer
+    from atencion.export import export
+
+    size = model.cfg.vocab_size - len(SPECIALS)
+    tokenizer = Tokenizer(CharVocab([*SPECIALS, *(chr(0x10000 + i) for i in range(size))]))
+    for kind, dtype in (("f32", None), ("q8_0", "q8_0")):
+        export(model, out / kind, "gguf", tokenizer, dtype)
+        (out / kind / "model.gguf").rename(out / f"model-{kind}.gguf")
+    return out
 
 
 def lm_part(args, device: torch.device) -> dict:
@@ -529,8 +580,12 @@ def llama_part(args, device: torch.device) -> dict:
 
             ct2_dir = Path(tmp) / "ct2"
             export(ours, ct2_dir, "ctranslate2")
+        gguf_dir = None
+        if device.type == "cpu" and importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp: opt-in, CPU here
+            gguf_dir = gguf_exports(ours, Path(tmp) / "gguf")
         for rows in (1, 16):
-            row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu")
+            row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu",
+                                gguf_dir=gguf_dir if rows == 1 else None)
             shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
             result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
@@ -722,6 +777,16 @@ def print_lm_table(rows: dict) -> None:
                       f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
         print("  ratio: atencion's tokens/s (float32) over CTranslate2's; int8's greedy tokens may differ from "
               "float32's")
+    llama = {f"{name} {kind}": row[f"llamacpp_{kind}"] for name, row in rows.items() for kind in ("f32", "q8_0")
+             if f"llamacpp_{kind}" in row}
+    if llama:
+        print(f"\n{'llama.cpp (tokens/s)':<24}{'atencion':>12}{'llama.cpp':>12}{'ratio':>8}{'range':>14}"
+              f"{'greedy same':>13}")
+        for name, peer in llama.items():
+            print(f"{name:<24}{peer['ours_tok_s']:>12.0f}{peer['tok_s']:>12.0f}{peer['ratio']:>8.2f}"
+                  f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
+        print("  llama.cpp on atencion's GGUF export, batch 1: f32 against atencion's float32, q8_0 against "
+              "its quantize_int8 (their greedy tokens may differ)")
     int8 = {name: row["int8"] for name, row in rows.items() if "int8" in row}
     if int8:
         print(f"\n{'int8 (tokens/s)':<24}{'atencion':>12}{'HF':>12}{'ratio':>8}{'range':>14}{'greedy same':>13}"
