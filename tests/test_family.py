@@ -67,6 +67,18 @@ def test_decoder_only_kv_cache_equals_the_full_forward_pass(positional, group):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_a_decoding_step_asked_for_its_last_positions_gives_those_of_the_full_pass():
+    model = tiny("decoder")
+    x = ids(batch=2, pad_rows=False)
+    full = model(x)
+    state = model.init_state()
+    first = model.decode_step(x[:, :5], state, last=1)
+    assert first.shape == (2, 1, full.size(-1))
+    torch.testing.assert_close(first, full[:, 4:5], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.decode_step(x[:, 5:8], state, last=2), full[:, 6:8], atol=1e-5, rtol=1e-5)
+    assert state.offset == 8  # every new token is cached, whatever the logits kept
+
+
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 @pytest.mark.parametrize("positional", KINDS)
 def test_the_fused_path_equals_the_explicit_path(arch, positional):

@@ -32,8 +32,8 @@ class Recording(nn.Module):
     def init_state(self):
         return self.model.init_state()
 
-    def decode_step(self, ids, state):
-        logits = self.model.decode_step(ids, state)
+    def decode_step(self, ids, state, last=None):
+        logits = self.model.decode_step(ids, state, last=last)
         self.seen.append(logits[:, -1].clone())
         return logits
 
@@ -50,10 +50,10 @@ class FixedLogits(nn.Module):
     def init_state(self):
         return SimpleNamespace(step=0)
 
-    def decode_step(self, ids, state):
+    def decode_step(self, ids, state, last=None):
         logits = self.logits[min(state.step, len(self.logits) - 1)].expand(ids.size(0), -1)
         state.step += 1
-        return logits[:, None, :].expand(-1, ids.size(1), -1)
+        return logits[:, None, :].expand(-1, min(ids.size(1), last or ids.size(1)), -1)
 
 
 def prompt_ids(batch=3, length=5, vocab=40, seed=1):

@@ -165,7 +165,7 @@ def generate_ids(model, prompt: Tensor, max_new_tokens: int, temperature: float 
 def _generate(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, stop_id, on_step) -> Tensor:
     window = position_limit(model.cfg)
     state = model.init_state()
-    logits = model.decode_step(prompt, state)[:, -1]
+    logits = model.decode_step(prompt, state, last=1)[:, -1]
     text = prompt
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
     stops = None if stop_id is None else torch.tensor(stop_id, device=prompt.device).reshape(-1)

@@ -123,9 +123,10 @@ class _Reader:
     def held(self) -> int:
         return self.state.offset
 
-    def read(self, text: Tensor, upto: int) -> Tensor:
-        """Logits (new, vocab) after each token of ``text[start + held : upto]``, now cached."""
-        return self.model.decode_step(text[:, self.start + self.held: upto], self.state)[0]
+    def read(self, text: Tensor, upto: int, last: int) -> Tensor:
+        """Logits (last, vocab) after each of the last ``last`` tokens of ``text[start + held : upto]``,
+        all of which are now cached."""
+        return self.model.decode_step(text[:, self.start + self.held: upto], self.state, last=last)[0]
 
     def keep(self, upto: int) -> None:
         """Forget the cached tokens from ``text[upto]`` on."""
@@ -165,7 +166,7 @@ def _speculate(target, draft, prompt, max_new_tokens, k, sampling, generator, st
             if proposer.limit is not None:
                 kk = min(kk, proposer.limit)  # the draft, rereading, keeps at least one token of the text
             drafts, q = _propose(proposer, text, n, kk, distribution, choose)
-            p = distribution(verifier.read(text, n + kk)[-(kk + 1):])  # (kk + 1, vocab)
+            p = distribution(verifier.read(text, n + kk, kk + 1))  # (kk + 1, vocab)
             accepted, new = _verify(drafts, q, p, greedy, choose, generator)
             verifier.keep(n + accepted)
             proposer.keep(n + accepted)
@@ -198,7 +199,7 @@ def _propose(proposer: _Reader, text: Tensor, n: int, k: int, distribution, choo
         proposer.restart(n - max(1, min(proposer.limit // 2, proposer.limit - k + 1)))
     drafts, q = [], []
     for i in range(k):
-        probs = distribution(proposer.read(text, n + i)[-1])
+        probs = distribution(proposer.read(text, n + i, 1)[-1])
         token = choose(probs)
         text[0, n + i] = token
         drafts.append(token)

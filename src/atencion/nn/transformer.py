@@ -404,9 +404,12 @@ class Transformer(Model):
             else [layer.self_attn.kind.new_cache(group) for layer in self.decoder.layers]
         return DecoderState(src_mask, self_caches, [KVCache() for _ in range(n)], memory=memory, group=group)
 
-    def decode_step(self, tgt_ids: Tensor, state: DecoderState) -> Tensor:
+    def decode_step(self, tgt_ids: Tensor, state: DecoderState, last: int | None = None) -> Tensor:
         """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and
-        extending ``state``; equal to the full forward pass at those positions."""
+        extending ``state``; equal to the full forward pass at those positions. With ``last``,
+        those of the last ``last`` new positions only (batch, last, vocab): a prompt read whole
+        needs its last position's alone, and the projection to the vocabulary is the largest
+        product of a small model (Hugging Face's ``logits_to_keep``)."""
         self._check_ids("tgt_ids", tgt_ids, self.cfg.target_vocab_size)
         if self.cfg.arch == "encoder":
             raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
@@ -416,7 +419,7 @@ class Transformer(Model):
             state.skip(prefix, tgt_ids.size(0), tgt_ids.device)
         self_mask = state.self_attention_mask(tgt_ids.size(0), prompt + tgt_ids.size(1), tgt_ids.device)
         hidden, _, _ = self.decoder(tgt_ids, state.memory, self_mask, state.memory_mask, state, first=first)
-        hidden = hidden[:, prompt:]
+        hidden = hidden[:, prompt:] if last is None else hidden[:, max(prompt, hidden.size(1) - last):]
         state.memory = None  # now in the cross-attention caches
         if self.cfg.scale_output:
             hidden = hidden * self.cfg.d_model ** -0.5
