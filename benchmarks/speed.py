@@ -297,6 +297,7 @@ GPT_SHAPES = {  # name: (gpt-tiny overrides, rows, block)
 }
 PROMPT, NEW_TOKENS = 16, 200
 LLAMA_VOCAB = 49152  # SmolLM-135M's
+LLAMA_CPP_PEERS = {"f32": "ours", "q8_0": "ours_int8"}  # a llama.cpp GGUF kind: the atencion engine it is timed against
 
 
 @dataclass
@@ -448,9 +449,10 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
     engines = {name: (run_hf if name.startswith("hf") else run_ours)(model) for name, model in models.items()}
     if ct2_dir is not None:
         engines.update((f"ct2_{kind}", ct2_engine(ct2_dir, prompt, kind)) for kind in ("float32", "int8"))
-    if gguf_dir is not None:
-        engines.update((f"llamacpp_{kind}", llama_cpp_engine(gguf_dir / f"model-{kind}.gguf", prompt))
-                       for kind in ("f32", "q8_0"))
+    # llama.cpp's file of each kind, against the atencion engine of the same precision (q8_0 only beside int8)
+    llama_peers = {kind: ours for kind, ours in LLAMA_CPP_PEERS.items() if ours in models} if gguf_dir else {}
+    engines.update((f"llamacpp_{kind}", llama_cpp_engine(gguf_dir / f"model-{kind}.gguf", prompt))
+                   for kind in llama_peers)
     outputs, seconds = timed_rounds(engines, rounds, device, reload=[name for name in engines if "ct2" in name])
     tokens = rows * NEW_TOKENS
     result = dict(ours_tok_s=tokens / statistics.median(seconds["ours"]),
@@ -461,13 +463,12 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
         name = f"ct2_{kind}"
         result[name] = dict(tok_s=tokens / statistics.median(seconds[name]), **ratio_over_rounds(seconds, name),
                             **same_rows(outputs["ours"], outputs[name]))
-    for kind, ours_name in (("f32", "ours"), ("q8_0", "ours_int8")) if gguf_dir is not None else ():
+    for kind, ours_name in llama_peers.items():
         name = f"llamacpp_{kind}"
-        if ours_name in seconds:
-            result[name] = dict(ours_tok_s=tokens / statistics.median(seconds[ours_name]),
-                                tok_s=tokens / statistics.median(seconds[name]),
-                                **ratio_over_rounds(seconds, name, ours_name),
-                                **same_rows(outputs[ours_name], outputs[name]))
+        result[name] = dict(ours_tok_s=tokens / statistics.median(seconds[ours_name]),
+                            tok_s=tokens / statistics.median(seconds[name]),
+                            **ratio_over_rounds(seconds, name, ours_name),
+                            **same_rows(outputs[ours_name], outputs[name]))
     if int8:
         result["int8"] = dict(ours_tok_s=tokens / statistics.median(seconds["ours_int8"]),
                               hf_tok_s=tokens / statistics.median(seconds["hf_int8"]),
@@ -515,7 +516,7 @@ def llama_cpp_engine(path: Path, prompt: torch.Tensor):
     def run(seed, new):
         llm.reset()
         tokens = []
-        for token in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        for token in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0):
             tokens.append(token)
             if len(tokens) == new:
                 break
@@ -531,7 +532,7 @@ def gguf_exports(model, out: Path) -> Path:
 
     size = model.cfg.vocab_size - len(SPECIALS)
     tokenizer = Tokenizer(CharVocab([*SPECIALS, *(chr(0x10000 + i) for i in range(size))]))
-    for kind, dtype in (("f32", None), ("q8_0", "q8_0")):
+    for kind, dtype in (("f32", None), ("q8_0", "q8_0")):  # the kinds of LLAMA_CPP_PEERS
         export(model, out / kind, "gguf", tokenizer, dtype)
         (out / kind / "model.gguf").rename(out / f"model-{kind}.gguf")
     return out
@@ -777,7 +778,7 @@ def print_lm_table(rows: dict) -> None:
                       f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
         print("  ratio: atencion's tokens/s (float32) over CTranslate2's; int8's greedy tokens may differ from "
               "float32's")
-    llama = {f"{name} {kind}": row[f"llamacpp_{kind}"] for name, row in rows.items() for kind in ("f32", "q8_0")
+    llama = {f"{name} {kind}": row[f"llamacpp_{kind}"] for name, row in rows.items() for kind in LLAMA_CPP_PEERS
              if f"llamacpp_{kind}" in row}
     if llama:
         print(f"\n{'llama.cpp (tokens/s)':<24}{'atencion':>12}{'llama.cpp':>12}{'ratio':>8}{'range':>14}"
