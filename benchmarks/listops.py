@@ -2,18 +2,27 @@
 the encoder of configs/listops_full.yaml trained with each kind of attention for the same number
 of updates, its test accuracy printed beside the accuracy LRA published for that kind.
 
-    python benchmarks/listops.py --steps 2000                        # every kind, LRA's data
+    python benchmarks/listops.py --steps 300 --full-seeds 1,2,3      # every kind, LRA's data
     python benchmarks/listops.py --kinds full,window --seeds 1,2,3   # some kinds, three seeds each
-    python benchmarks/listops.py --out runs/listops-look --train 200 --valid 20 --test 20 --steps 5 --kinds full
+    python benchmarks/listops.py --warmup-steps 0 --steps 2000       # whole examples only (the plateau)
+    python benchmarks/listops.py --out runs/listops-look --train 200 --valid 20 --test 20 --steps 5 \
+        --warmup-steps 5 --kinds full
 
 Steps (a finished step is reused when the command is run again; an interrupted run resumes):
 1. OUT/data: train.tsv, valid.tsv, test.tsv written by atencion.data.listops (LRA's recipe and
-   its 96,000 / 2,000 / 2,000 examples, or --train/--valid/--test), made when missing.
-2. OUT/KIND-stepsN-seedS: configs/listops_KIND.yaml trained for N updates (train.max_steps) from
-   train.seed S, on OUT/data; its best model is the one of the best validation accuracy.
-3. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it.
+   its 96,000 / 2,000 / 2,000 examples, or --train/--valid/--test), made when missing, and
+   OUT/data/prefixL: train.tsv and valid.tsv with each example cut to its first L symbols.
+2. OUT/KIND-warmWxL-seedS: configs/listops_KIND.yaml trained for W updates (--warmup-steps) from
+   train.seed S on OUT/data/prefixL. Whole examples of 500-2,000 symbols alone hold every kind at
+   the majority label for thousands of updates (docs/results.md); the prefixes teach it in a few
+   hundred to read the outermost operator, and step 3 goes on from there (staged training, short
+   inputs before long ones: Press et al. 2021, Shortformer).
+3. OUT/KIND-stepsN-warmWxL-seedS: the same config trained for N updates (train.max_steps) on
+   OUT/data from step 2's best model (train.init_from); its best model is the one of the best
+   validation accuracy. (With --warmup-steps 0: OUT/KIND-stepsN-seedS, from scratch.)
+4. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it, kept in the run's test.json.
 Prints a table (accuracy per kind, the median over the seeds and each seed's; LRA's number; the
-training minutes), the share of the test set's most frequent label (what always answering it
+training minutes of both stages), the share of the test set's most frequent label (what always answering it
 scores) and what the outermost operator alone scores (the training set's most frequent label for
 it: 35% on LRA's data, about LRA's Transformer row), and writes
 OUT/listops.json. A kind whose config cannot be read (model.attention unknown to this version)
@@ -41,11 +50,14 @@ LRA = {"full": ("Transformer", 36.37), "flash": ("Transformer", 36.37), "window"
 LRA_BEST = ("Reformer", 37.27)
 
 
-def prepare(data: Path, sizes: dict[str, int], seed: int) -> Path:
-    from atencion.data.listops import write_listops
+def prepare(data: Path, sizes: dict[str, int], seed: int, prefixes: int | None) -> Path:
+    """``data`` with its splits (and its examples cut to their first ``prefixes`` symbols), made when missing."""
+    from atencion.data.listops import write_listops, write_prefixes
 
     if not all((data / f"{split}.tsv").is_file() for split in sizes):
         write_listops(data, sizes, seed, force=True)
+    if prefixes and not all((data / f"prefix{prefixes}" / f"{split}.tsv").is_file() for split in ("train", "valid")):
+        write_prefixes(data, prefixes, force=True)
     return data
 
 
@@ -54,37 +66,57 @@ def read_log(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
-def train_run(kind: str, seed: int, data: Path, args) -> Path:
-    """The finished run of ``kind`` from ``seed``: trained now unless it is there already."""
+def train_runs(kind: str, seed: int, data: Path, args) -> list[Path]:
+    """The finished runs of ``kind`` from ``seed``, each trained now unless it is there already:
+    one, or with ``--warmup-steps`` W two: W updates on the examples cut to their first
+    ``--warmup-length`` symbols, then the whole examples from that model (``train.init_from``)."""
+    if not args.warmup_steps:
+        return [_train(kind, seed, data, args.steps, Path(args.out) / f"{kind}-steps{args.steps}-seed{seed}",
+                       args, [])]
+    warm = f"warm{args.warmup_steps}x{args.warmup_length}"
+    start = _train(kind, seed, data / f"prefix{args.warmup_length}", args.warmup_steps,
+                   Path(args.out) / f"{kind}-{warm}-seed{seed}", args, [])
+    return [start, _train(kind, seed, data, args.steps, Path(args.out) / f"{kind}-steps{args.steps}-{warm}-seed{seed}",
+                          args, [f"train.init_from={start / 'best'}"])]
+
+
+def _train(kind: str, seed: int, data: Path, steps: int, run: Path, args, sets: list[str]) -> Path:
     from atencion.train.config import load_config
     from atencion.train.trainer import train
 
-    run = Path(args.out) / f"{kind}-steps{args.steps}-seed{seed}"
     if any("summary" in r for r in read_log(run)):
         return run
     sets = [f"data.train_tsv={data / 'train.tsv'}", f"data.valid_tsv={data / 'valid.tsv'}",
-            f"train.max_steps={args.steps}", f"train.seed={seed}", f"train.threads={args.threads}",
-            "train.progress=false", f"train.valid_every={args.valid_every or max(1, args.steps // 4)}",
-            f"train.log_every={max(1, args.steps // 40)}", *args.set]
+            f"train.max_steps={steps}", f"train.seed={seed}", f"train.threads={args.threads}",
+            "train.progress=false", f"train.valid_every={args.valid_every or max(1, steps // 4)}",
+            f"train.log_every={max(1, steps // 40)}", *sets, *args.set]
     cfg = load_config(ROOT / "configs" / f"listops_{kind}.yaml", sets)
     train(cfg, run, resume=(run / "checkpoints").is_dir())
     return run
 
 
-def score_test(run: Path, data: Path) -> dict:
-    """The run's best model on test.tsv, scored by what `atencion evaluate --tsv` calls."""
+def score_test(runs: list[Path], data: Path) -> dict:
+    """The last run's best model on test.tsv, scored by what `atencion evaluate --tsv` calls; the
+    minutes and updates of every run that led to it."""
     import torch
 
     from atencion.tasks.classify import evaluate_classifier_dir
 
-    summary = [r["summary"] for r in read_log(run) if "summary" in r][-1]
+    scored = runs[-1] / "test.json"  # a run scored once: the table printed again reads it
+    if scored.is_file():
+        return json.loads(scored.read_text(encoding="utf-8"))
+    summaries = [[r["summary"] for r in read_log(run) if "summary" in r][-1] for run in runs]
+    summary = summaries[-1]
     start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     scores = evaluate_classifier_dir(summary["best_model"], {"tsv": str(data / "test.tsv"), "device": device,
                                                              "max_input_tokens": 2048, "batch_tokens": 8192})
-    return {"accuracy": round(100 * scores["accuracy"], 2), "best_step": summary["best_step"],
-            "steps": summary["steps"], "minutes": round(summary["seconds"] / 60, 1),
-            "test_minutes": round((time.perf_counter() - start) / 60, 1)}
+    result = {"accuracy": round(100 * scores["accuracy"], 2), "best_step": summary["best_step"],
+              "steps": summary["steps"], "warmup_steps": sum(s["steps"] for s in summaries[:-1]),
+              "minutes": round(sum(s["seconds"] for s in summaries) / 60, 1),
+              "test_minutes": round((time.perf_counter() - start) / 60, 1)}
+    scored.write_text(json.dumps(result) + "\n", encoding="utf-8")
+    return result
 
 
 def majority_share(test: Path) -> float:
@@ -124,7 +156,9 @@ def table(report: dict) -> str:
         each = ", ".join(f"{r['accuracy']:.2f}" for r in runs)
         accuracy = f"{result['accuracy']:.2f}" + (f" ({each})" if len(runs) > 1 else "")
         minutes = ", ".join(f"{r['minutes']:.1f}" for r in runs)
-        lines.append(f"| {kind} | {accuracy} | {published:.2f}, {row} | {minutes} | {runs[0]['steps']} |")
+        warmup = runs[0]["warmup_steps"]
+        updates = (f"{warmup} on prefixes + " if warmup else "") + str(runs[0]["steps"])
+        lines.append(f"| {kind} | {accuracy} | {published:.2f}, {row} | {minutes} | {updates} |")
     lines.append(f"\nThe test set's most frequent label: {report['majority_share']:.2f}% (always answering it); "
                  f"the training set's most frequent label for the outermost operator: "
                  f"{report['first_operator_share']:.2f}% (the first symbol alone). "
@@ -138,6 +172,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated (default: all: {','.join(KINDS)})")
     parser.add_argument("--steps", type=int, default=2000, help="updates per run, the budget (default: 2000)")
     parser.add_argument("--seeds", default="1", help="comma-separated train.seed values, one run each (default: 1)")
+    parser.add_argument("--full-seeds", help="full attention's seeds, if others than --seeds (LRA's Transformer row "
+                        "is the one the issue asks a median of: 1,2,3)")
+    parser.add_argument("--warmup-steps", type=int, default=400, help="updates on the examples cut to their first "
+                        "--warmup-length symbols before the whole examples, from that model (0: none; default: 400)")
+    parser.add_argument("--warmup-length", type=int, default=32, help="symbols kept in the warm-up (default: 32)")
     parser.add_argument("--valid-every", type=int, default=0, help="updates between validations (default: steps/4)")
     parser.add_argument("--train", type=int, default=96_000, help="training examples if the data is made")
     parser.add_argument("--valid", type=int, default=2_000)
@@ -151,17 +190,22 @@ def main(argv: list[str] | None = None) -> dict:
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds: expected some of {','.join(KINDS)}, got {args.kinds!r}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    full_seeds = [int(s) for s in (args.full_seeds or args.seeds).split(",") if s]
+    if args.warmup_steps < 0 or args.warmup_length < 1:
+        parser.error("--warmup-steps must be >= 0 and --warmup-length >= 1")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     from atencion.errors import AtencionError
 
     data = prepare(Path(args.out) / "data", {"train": args.train, "valid": args.valid, "test": args.test},
-                   args.data_seed)
-    report = {"steps": args.steps, "seeds": seeds, "data": str(data), "majority_share": majority_share(
+                   args.data_seed, args.warmup_length if args.warmup_steps else None)
+    report = {"steps": args.steps, "warmup": {"steps": args.warmup_steps, "length": args.warmup_length},
+              "seeds": seeds, "full_seeds": full_seeds, "data": str(data), "majority_share": majority_share(
         data / "test.tsv"), "first_operator_share": first_operator_share(data / "train.tsv", data / "test.tsv"),
         "lra": {kind: LRA[kind][1] for kind in kinds}, "kinds": {}}
     for kind in kinds:
         try:
-            runs = [score_test(train_run(kind, seed, data, args), data) for seed in seeds]
+            runs = [score_test(train_runs(kind, seed, data, args), data)
+                    for seed in (full_seeds if kind == "full" else seeds)]
         except AtencionError as err:
             report["kinds"][kind] = {"error": str(err)}
             print(f"listops {kind}: {err}", file=sys.stderr)

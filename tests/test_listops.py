@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from atencion.cli import main
-from atencion.data.listops import ListOpsRecipe, draw_examples, write_listops
+from atencion.data.listops import ListOpsRecipe, draw_examples, write_listops, write_prefixes
 from atencion.data.listops import main as listops_main
 from atencion.data.tokenizer import SPECIALS, UNK_ID, Tokenizer
 from atencion.errors import AtencionError
@@ -135,6 +135,35 @@ def test_the_command_refuses_bad_arguments_in_one_line_and_never_overwrites(tmp_
     assert files(out) == before
     assert listops_command([str(out), *small, "--seed", "1", "--force"]) == 0
     assert files(out) != before
+
+
+def test_prefixes_cut_each_example_to_its_first_symbols_and_keep_its_label(tmp_path, capsys):
+    out = tmp_path / "data"
+    small = ["--train", "6", "--valid", "3", "--test", "2", "--min-length", "12", "--max-length", "40"]
+    assert listops_command([str(out), *small, "--prefixes", "5"]) == 0  # the splits, then their prefixes
+    assert json.loads(capsys.readouterr().out)["prefixes"]["train"] == 6
+    for split in ("train", "valid"):
+        whole = [row.split("\t") for row in (out / f"{split}.tsv").read_text().splitlines()]
+        cut = [row.split("\t") for row in (out / "prefix5" / f"{split}.tsv").read_text().splitlines()]
+        assert [label for label, _ in cut] == [label for label, _ in whole]
+        assert [text.split(" ") for _, text in cut] == [text.split(" ")[:5] for _, text in whole]
+    assert not (out / "prefix5" / "test.tsv").exists()  # the test set is read whole, never cut
+    splits = files(out)
+    assert listops_command([str(out), "--prefixes", "7"]) == 0  # on the splits there, left as they are
+    assert files(out) == splits and (out / "prefix7" / "train.tsv").is_file()
+    before = files(out)
+    for bad, words in ((["--prefixes", "5"], "prefix5/train.tsv: exists; nothing was overwritten"),
+                       (["--prefixes", "0"], "--prefixes must be an integer >= 1")):
+        assert listops_command([str(out), *bad]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+    assert files(out) == before
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train.tsv").write_text("3\t[MAX 1 3 ]\nno tab here\n")
+    (tmp_path / "bad" / "valid.tsv").write_text("3\t[MAX 1 3 ]\n")
+    with pytest.raises(AtencionError, match=r"train.tsv, line 2: expected label<TAB>text"):
+        write_prefixes(tmp_path / "bad", 2)
+    assert not (tmp_path / "bad" / "prefix2").exists()
 
 
 def test_bounds_no_tree_meets_are_refused_not_searched_forever():

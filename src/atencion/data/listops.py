@@ -20,6 +20,14 @@ the tokens without them), so they are left out here. Each split is drawn from a 
 of its own, named by the seed and the split, so the validation and test sets do not change
 with ``--train``; the files are ``label<TAB>text``, read by ``task: classify`` with
 ``data.tokenizer: whitespace``.
+
+    python -m atencion.data.listops runs/listops/data --prefixes 32   # and prefix32/train.tsv, valid.tsv
+
+``--prefixes N`` also writes ``prefixN/train.tsv`` and ``valid.tsv``: each example cut to its first
+N symbols, its label kept (the splits written first when missing). A classifier trained on them
+first, then on the whole examples from there (``train.init_from``), leaves the majority-label
+plateau that whole examples hold it on: staged training, short inputs before long ones (Press et
+al. 2021, Shortformer; configs/listops_full.yaml gives the two commands).
 """
 
 from __future__ import annotations
@@ -161,9 +169,39 @@ def write_listops(out: str | Path, sizes: dict[str, int] | None = None, seed: in
     return report
 
 
+def write_prefixes(data: str | Path, length: int, force: bool = False) -> dict:
+    """``data``/prefix``length``/train.tsv and valid.tsv: the rows of ``data``'s train.tsv and
+    valid.tsv, each text cut to its first ``length`` symbols, the label kept. Existing files are
+    refused unless ``force``. Returns where they are and how many rows each holds."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise AtencionError(f"--prefixes must be an integer >= 1 (symbols kept), got {length!r}")
+    data = Path(data)
+    out = data / f"prefix{length}"
+    there = [str(out / f"{split}.tsv") for split in ("train", "valid") if (out / f"{split}.tsv").exists()]
+    if there and not force:
+        raise AtencionError(f"{there[0]}: exists; nothing was overwritten (--force replaces it)")
+    cuts = {}
+    for split in ("train", "valid"):  # both read before anything is written
+        source = data / f"{split}.tsv"
+        if not source.is_file():
+            raise AtencionError(f"{source}: not found; expected the {split} split (label<TAB>text rows)")
+        cuts[split] = []
+        with source.open(encoding="utf-8") as rows:
+            for number, row in enumerate(rows, 1):
+                label, tab, text = row.rstrip("\n").partition("\t")
+                if not tab or not text.split():
+                    raise AtencionError(f"{source}, line {number}: expected label<TAB>text, got {row[:60]!r}")
+                cuts[split].append((label, " ".join(text.split()[:length])))
+    out.mkdir(parents=True, exist_ok=True)
+    for split, cut in cuts.items():
+        _write_rows(out / f"{split}.tsv", iter(cut), None)
+    report = {"out": str(out), "length": length, **{split: len(cut) for split, cut in cuts.items()}}
+    return report
+
+
 def _write_rows(path: Path, examples: Iterator[tuple[int, str]], bar) -> Counter[int]:
     """``examples`` written to ``path`` as ``label<TAB>text`` rows (under a temporary name, then
-    renamed), each counted on the progress ``bar``; the count of each label."""
+    renamed), each counted on the progress ``bar`` (if any); the count of each label."""
     labels: Counter[int] = Counter()
 
     def write(tmp: Path) -> None:
@@ -171,7 +209,8 @@ def _write_rows(path: Path, examples: Iterator[tuple[int, str]], bar) -> Counter
             for label, text in examples:
                 f.write(f"{label}\t{text}\n")
                 labels[label] += 1
-                bar.update()
+                if bar is not None:
+                    bar.update()
 
     atomic_write(path, write)
     return labels
@@ -188,11 +227,24 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("min_length", "max_length", "max_depth", "max_args"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
                        help=f"(default, LRA's: {getattr(defaults, name)})")
+    p.add_argument("--prefixes", type=int, metavar="N", help="also write prefixN/train.tsv and valid.tsv: each "
+                   "example cut to its first N symbols (the splits are written first only when missing)")
     p.add_argument("--force", action="store_true", help="replace existing files")
     args = p.parse_args(argv)
     recipe = ListOpsRecipe(args.min_length, args.max_length, args.max_depth, args.max_args)
     sizes = {s: getattr(args, s) for s in SPLITS}
-    return run_writer(p.prog, lambda: write_listops(args.out, sizes, args.seed, recipe, args.force))
+
+    def write() -> dict:
+        there = all((Path(args.out) / f"{split}.tsv").is_file() for split in SPLITS)
+        if args.prefixes is None or not there or args.force:
+            report = write_listops(args.out, sizes, args.seed, recipe, args.force)
+        else:
+            report = {"out": args.out}
+        if args.prefixes is not None:
+            report["prefixes"] = write_prefixes(args.out, args.prefixes, args.force)
+        return report
+
+    return run_writer(p.prog, write)
 
 
 if __name__ == "__main__":
