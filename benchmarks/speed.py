@@ -51,7 +51,7 @@ atencion with `sequence_loss`, Hugging Face with `model(..., labels=...)`.
   releases it after (a loaded one slows the engines beside it). On a CPU a third table gives int8
   against int8: atencion's `quantize_int8` against torch's `quantize_dynamic` of the Hugging Face
   model, in the same rounds. With llama-cpp-python installed (opt-in: it builds llama.cpp from
-  source), llama.cpp joins batch 1 on atencion's GGUF export of the same weights (`export
+  source), llama.cpp joins batches 1 and 16 on atencion's GGUF export of the same weights (`export
   --format gguf`, float32 and q8_0, with a character vocabulary of the model's size, since the
   file must hold one): a fourth table gives atencion float32 against llama.cpp f32 and atencion
   int8 against llama.cpp q8_0.
@@ -414,9 +414,9 @@ def lm_generation(ours, hf, rows: int, greedy: bool, rounds: int, device: torch.
     ratio to each, and their rows' agreement with atencion's. With ``int8`` (CPU), both engines
     again with int8 linear layers in the same rounds: atencion's ``quantize_int8`` against torch's
     dynamic quantization of the Hugging Face model (``quantize_dynamic`` on every ``nn.Linear``,
-    its output projection included, as ours quantizes the generator). With ``gguf_dir`` (greedy,
-    one row), llama.cpp on the GGUF exports there (model-f32.gguf, model-q8_0.gguf) in the same
-    rounds: against atencion's float32 and, with ``int8``, its int8."""
+    its output projection included, as ours quantizes the generator). With ``gguf_dir`` (greedy),
+    llama.cpp on the GGUF exports there (model-f32.gguf, model-q8_0.gguf), each row a sequence of
+    one llama.cpp batch, in the same rounds: against atencion's float32 and, with ``int8``, its int8."""
     from atencion.decode.sample import generate_ids
 
     ours, hf = ours.to(device).eval(), hf.to(device).eval()
@@ -504,23 +504,46 @@ def ct2_engine(export_dir, prompt: torch.Tensor, compute_type: str):
 
 
 def llama_cpp_engine(path: Path, prompt: torch.Tensor):
-    """llama.cpp's greedy continuation (llama-cpp-python's ``generate``: top-k 1, no repetition
-    penalty, no stop token) of ``prompt``'s one row, its cache emptied before each run, as a tensor
-    like the others'. The file is loaded once, untimed."""
+    """llama.cpp's greedy continuation of ``prompt``'s rows, each row a sequence of one batch, as
+    llama.cpp's own batched example runs them (its C API through llama-cpp-python's bindings:
+    ``llama_decode`` of the prompts in one call, then of each row's new token in one call a step,
+    the argmax of each row's last logits; no sampler, no stop token), as a tensor like the others'.
+    The file is loaded once, untimed; its memory (the key/value cache) is cleared before each run."""
     import llama_cpp
+    import numpy as np
+    from llama_cpp._logger import set_verbose
 
-    llm = llama_cpp.Llama(str(path), n_ctx=PROMPT + NEW_TOKENS + 8, n_threads=torch.get_num_threads(),
-                          n_threads_batch=torch.get_num_threads(), verbose=False)
-    ids = prompt[0].tolist()
+    set_verbose(False)  # llama.cpp's loading report: errors only
+    rows, length = prompt.shape
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = rows * (length + NEW_TOKENS + 8)  # each sequence gets n_ctx / n_seq_max positions
+    params.n_batch, params.n_seq_max = rows * length, rows
+    params.n_threads = params.n_threads_batch = torch.get_num_threads()
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    batch = llama_cpp.llama_batch_init(rows * length, 0, rows)
+
+    def decode(tokens: list[list[int]], start: int) -> list[int]:
+        """Each row's tokens at positions start, start + 1, ... in sequence ``row``: its next token."""
+        width = len(tokens[0])
+        for row, ids in enumerate(tokens):
+            for j, token in enumerate(ids):
+                i = row * width + j
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
+                batch.seq_id[i][0], batch.logits[i] = row, j == width - 1
+        batch.n_tokens = rows * width
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError(f"llama_decode failed on {path}")
+        return [int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, (row + 1) * width - 1),
+                                          shape=(vocab_size,)).argmax()) for row in range(rows)]
 
     def run(seed, new):
-        llm.reset()
-        tokens = []
-        for token in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0):
-            tokens.append(token)
-            if len(tokens) == new:
-                break
-        return torch.tensor([tokens])
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        made = [decode(prompt.tolist(), 0)]
+        for step in range(1, new):
+            made.append(decode([[token] for token in made[-1]], length + step - 1))
+        return torch.tensor(made).T
     return run
 
 
@@ -586,7 +609,7 @@ def llama_part(args, device: torch.device) -> dict:
             gguf_dir = gguf_exports(ours, Path(tmp) / "gguf")
         for rows in (1, 16):
             row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu",
-                                gguf_dir=gguf_dir if rows == 1 else None)
+                                gguf_dir=gguf_dir)
             shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
             result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
@@ -786,8 +809,8 @@ def print_lm_table(rows: dict) -> None:
         for name, peer in llama.items():
             print(f"{name:<24}{peer['ours_tok_s']:>12.0f}{peer['tok_s']:>12.0f}{peer['ratio']:>8.2f}"
                   f"{peer['ratio_min']:>8.2f}-{peer['ratio_max']:<5.2f}{peer['greedy_same']:>13.3f}")
-        print("  llama.cpp on atencion's GGUF export, batch 1: f32 against atencion's float32, q8_0 against "
-              "its quantize_int8 (their greedy tokens may differ)")
+        print("  llama.cpp on atencion's GGUF export, each row a sequence of one batch: f32 against atencion's "
+              "float32, q8_0 against its quantize_int8 (their greedy tokens may differ)")
     int8 = {name: row["int8"] for name, row in rows.items() if "int8" in row}
     if int8:
         print(f"\n{'int8 (tokens/s)':<24}{'atencion':>12}{'HF':>12}{'ratio':>8}{'range':>14}{'greedy same':>13}"
