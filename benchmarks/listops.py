@@ -22,7 +22,7 @@ Steps (a finished step is reused when the command is run again; an interrupted r
    validation accuracy. (With --warmup-steps 0: OUT/KIND-stepsN-seedS, from scratch.)
 4. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it, kept in the run's test.json.
 Prints a table (accuracy per kind, the median over the seeds and each seed's; LRA's number; the
-training minutes of both stages), the share of the test set's most frequent label (what always answering it
+training minutes of both stages), each run's validation accuracy against updates, the share of the test set's most frequent label (what always answering it
 scores) and what the outermost operator alone scores (the training set's most frequent label for
 it: 35% on LRA's data, about LRA's Transformer row), and writes
 OUT/listops.json. A kind whose config cannot be read (model.attention unknown to this version)
@@ -119,6 +119,15 @@ def score_test(runs: list[Path], data: Path) -> dict:
     return result
 
 
+def scored(runs: list[Path], data: Path, seed: int) -> dict:
+    """``score_test`` of the runs, with the seed and each run's validation accuracy (%) at each
+    validated update: the warm-up's on the prefixes, then the whole examples'."""
+    curves = [{r["step"]: round(100 * r["valid_accuracy"], 1) for r in read_log(run) if "valid_accuracy" in r}
+              for run in runs]
+    return {**score_test(runs, data), "seed": seed, "valid_curve": curves[-1],
+            "warmup_curve": curves[0] if len(curves) > 1 else {}}
+
+
 def majority_share(test: Path) -> float:
     labels = [line.split("\t", 1)[0] for line in test.read_text(encoding="utf-8").splitlines()]
     return round(100 * max(labels.count(label) for label in set(labels)) / len(labels), 2)
@@ -159,6 +168,13 @@ def table(report: dict) -> str:
         warmup = runs[0]["warmup_steps"]
         updates = (f"{warmup} on prefixes + " if warmup else "") + str(runs[0]["steps"])
         lines.append(f"| {kind} | {accuracy} | {published:.2f}, {row} | {minutes} | {updates} |")
+    lines += ["", "Validation accuracy (%) against updates, each run (the warm-up's on the prefixes' validation set):",
+              "", "| attention, seed | warm-up | whole examples |", "|---|---|---|"]
+    for kind, result in report["kinds"].items():
+        for run in result.get("runs", []):
+            warmup, whole = (", ".join(f"{step}: {acc}" for step, acc in run[curve].items())
+                             for curve in ("warmup_curve", "valid_curve"))
+            lines.append(f"| {kind}, {run['seed']} | {warmup} | {whole} |")
     lines.append(f"\nThe test set's most frequent label: {report['majority_share']:.2f}% (always answering it); "
                  f"the training set's most frequent label for the outermost operator: "
                  f"{report['first_operator_share']:.2f}% (the first symbol alone). "
@@ -204,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
         "lra": {kind: LRA[kind][1] for kind in kinds}, "kinds": {}}
     for kind in kinds:
         try:
-            runs = [score_test(train_runs(kind, seed, data, args), data)
+            runs = [scored(train_runs(kind, seed, data, args), data, seed)
                     for seed in (full_seeds if kind == "full" else seeds)]
         except AtencionError as err:
             report["kinds"][kind] = {"error": str(err)}
