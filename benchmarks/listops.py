@@ -20,13 +20,14 @@ Steps (a finished step is reused when the command is run again; an interrupted r
 3. OUT/KIND-stepsN-warmWxL-seedS: the same config trained for N updates (train.max_steps) on
    OUT/data from step 2's best model (train.init_from); its best model is the one of the best
    validation accuracy. (With --warmup-steps 0: OUT/KIND-stepsN-seedS, from scratch.)
-4. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it, kept in the run's test.json.
+4. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it (kept in the
+   run's test.json).
 Prints a table (accuracy per kind, the median over the seeds and each seed's; LRA's number; the
-training minutes of both stages), each run's validation accuracy against updates, the share of the test set's most frequent label (what always answering it
-scores) and what the outermost operator alone scores (the training set's most frequent label for
-it: 35% on LRA's data, about LRA's Transformer row), and writes
-OUT/listops.json. A kind whose config cannot be read (model.attention unknown to this version)
-is reported with the reason, and the others still run.
+training minutes of both stages), each run's validation accuracy against updates, the share of
+the test set's most frequent label (what always answering it scores) and what the outermost
+operator alone scores (the training set's most frequent label for it: 35% on LRA's data, about
+LRA's Transformer row), and writes OUT/listops.json. A kind whose config cannot be read
+(model.attention unknown to this version) is reported with the reason, and the others still run.
 """
 
 from __future__ import annotations
