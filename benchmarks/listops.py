@@ -103,9 +103,9 @@ def score_test(runs: list[Path], data: Path) -> dict:
 
     from atencion.tasks.classify import evaluate_classifier_dir
 
-    scored = runs[-1] / "test.json"  # a run scored once: the table printed again reads it
-    if scored.is_file():
-        return json.loads(scored.read_text(encoding="utf-8"))
+    kept = runs[-1] / "test.json"  # a run scored once: the table printed again reads it
+    if kept.is_file():
+        return json.loads(kept.read_text(encoding="utf-8"))
     summaries = [[r["summary"] for r in read_log(run) if "summary" in r][-1] for run in runs]
     summary = summaries[-1]
     start = time.perf_counter()
@@ -116,11 +116,11 @@ def score_test(runs: list[Path], data: Path) -> dict:
               "steps": summary["steps"], "warmup_steps": sum(s["steps"] for s in summaries[:-1]),
               "minutes": round(sum(s["seconds"] for s in summaries) / 60, 1),
               "test_minutes": round((time.perf_counter() - start) / 60, 1)}
-    scored.write_text(json.dumps(result) + "\n", encoding="utf-8")
+    kept.write_text(json.dumps(result) + "\n", encoding="utf-8")
     return result
 
 
-def scored(runs: list[Path], data: Path, seed: int) -> dict:
+def seed_result(runs: list[Path], data: Path, seed: int) -> dict:
     """``score_test`` of the runs, with the seed and each run's validation accuracy (%) at each
     validated update: the warm-up's on the prefixes, then the whole examples'."""
     curves = [{r["step"]: round(100 * r["valid_accuracy"], 1) for r in read_log(run) if "valid_accuracy" in r}
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         "lra": {kind: LRA[kind][1] for kind in kinds}, "kinds": {}}
     for kind in kinds:
         try:
-            runs = [scored(train_runs(kind, seed, data, args), data, seed)
+            runs = [seed_result(train_runs(kind, seed, data, args), data, seed)
                     for seed in (full_seeds if kind == "full" else seeds)]
         except AtencionError as err:
             report["kinds"][kind] = {"error": str(err)}
