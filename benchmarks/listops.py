@@ -53,11 +53,11 @@ LRA_BEST = ("Reformer", 37.27)
 
 def prepare(data: Path, sizes: dict[str, int], seed: int, prefixes: int | None) -> Path:
     """``data`` with its splits (and its examples cut to their first ``prefixes`` symbols), made when missing."""
-    from atencion.data.listops import write_listops, write_prefixes
+    from atencion.data.listops import PREFIX_SPLITS, write_listops, write_prefixes
 
     if not all((data / f"{split}.tsv").is_file() for split in sizes):
         write_listops(data, sizes, seed, force=True)
-    if prefixes and not all((data / f"prefix{prefixes}" / f"{split}.tsv").is_file() for split in ("train", "valid")):
+    if prefixes and not all((data / f"prefix{prefixes}" / f"{split}.tsv").is_file() for split in PREFIX_SPLITS):
         write_prefixes(data, prefixes, force=True)
     return data
 

@@ -169,6 +169,9 @@ def write_listops(out: str | Path, sizes: dict[str, int] | None = None, seed: in
     return report
 
 
+PREFIX_SPLITS = ("train", "valid")  # what write_prefixes cuts: the test set is read whole
+
+
 def write_prefixes(data: str | Path, length: int, force: bool = False) -> dict:
     """``data``/prefix``length``/train.tsv and valid.tsv: the rows of ``data``'s train.tsv and
     valid.tsv, each text cut to its first ``length`` symbols, the label kept. Existing files are
@@ -177,11 +180,11 @@ def write_prefixes(data: str | Path, length: int, force: bool = False) -> dict:
         raise AtencionError(f"--prefixes must be an integer >= 1 (symbols kept), got {length!r}")
     data = Path(data)
     out = data / f"prefix{length}"
-    there = [str(out / f"{split}.tsv") for split in ("train", "valid") if (out / f"{split}.tsv").exists()]
+    there = [str(out / f"{split}.tsv") for split in PREFIX_SPLITS if (out / f"{split}.tsv").exists()]
     if there and not force:
         raise AtencionError(f"{there[0]}: exists; nothing was overwritten (--force replaces it)")
     cuts = {}
-    for split in ("train", "valid"):  # both read before anything is written
+    for split in PREFIX_SPLITS:  # both read before anything is written
         source = data / f"{split}.tsv"
         if not source.is_file():
             raise AtencionError(f"{source}: not found; expected the {split} split (label<TAB>text rows)")
@@ -189,14 +192,14 @@ def write_prefixes(data: str | Path, length: int, force: bool = False) -> dict:
         with source.open(encoding="utf-8") as rows:
             for number, row in enumerate(rows, 1):
                 label, tab, text = row.rstrip("\n").partition("\t")
-                if not tab or not text.split():
+                symbols = text.split()
+                if not tab or not symbols:
                     raise AtencionError(f"{source}, line {number}: expected label<TAB>text, got {row[:60]!r}")
-                cuts[split].append((label, " ".join(text.split()[:length])))
+                cuts[split].append((label, " ".join(symbols[:length])))
     out.mkdir(parents=True, exist_ok=True)
     for split, cut in cuts.items():
         _write_rows(out / f"{split}.tsv", iter(cut), None)
-    report = {"out": str(out), "length": length, **{split: len(cut) for split, cut in cuts.items()}}
-    return report
+    return {"out": str(out), "length": length, **{split: len(cut) for split, cut in cuts.items()}}
 
 
 def _write_rows(path: Path, examples: Iterator[tuple[int, str]], bar) -> Counter[int]:
