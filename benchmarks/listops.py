@@ -18,7 +18,8 @@ Steps (a finished step is reused when the command is run again; an interrupted r
    hundred to read the outermost operator, and step 3 goes on from there (staged training, short
    inputs before long ones: Press et al. 2021, Shortformer).
 3. OUT/KIND-stepsN-warmWxL-seedS: the same config trained for N updates (train.max_steps) on
-   OUT/data from step 2's best model (train.init_from); its best model is the one of the best
+   OUT/data from step 2's best model (train.init_from), at the config's learning rate or --lr-peak X
+   (then OUT/KIND-stepsN-lrX-warmWxL-seedS); its best model is the one of the best
    validation accuracy. (With --warmup-steps 0: OUT/KIND-stepsN-seedS, from scratch.)
 4. That model scored on OUT/data/test.tsv as `atencion evaluate --tsv` scores it (kept in the
    run's test.json).
@@ -77,8 +78,10 @@ def train_runs(kind: str, seed: int, data: Path, args) -> list[Path]:
     warm = f"warm{args.warmup_steps}x{args.warmup_length}"
     start = _train(kind, seed, data / f"prefix{args.warmup_length}", args.warmup_steps,
                    Path(args.out) / f"{kind}-{warm}-seed{seed}", args, [])
-    return [start, _train(kind, seed, data, args.steps, Path(args.out) / f"{kind}-steps{args.steps}-{warm}-seed{seed}",
-                          args, [f"train.init_from={start / 'best'}"])]
+    lr = [f"train.lr_peak={args.lr_peak}"] if args.lr_peak else []
+    name = f"{kind}-steps{args.steps}" + (f"-lr{args.lr_peak:g}" if args.lr_peak else "") + f"-{warm}-seed{seed}"
+    return [start, _train(kind, seed, data, args.steps, Path(args.out) / name, args,
+                          [f"train.init_from={start / 'best'}", *lr])]
 
 
 def _train(kind: str, seed: int, data: Path, steps: int, run: Path, args, sets: list[str]) -> Path:
@@ -168,6 +171,7 @@ def table(report: dict) -> str:
         minutes = ", ".join(f"{r['minutes']:.1f}" for r in runs)
         warmup = runs[0]["warmup_steps"]
         updates = (f"{warmup} on prefixes + " if warmup else "") + str(runs[0]["steps"])
+        updates += f" at lr_peak {report['lr_peak']:g}" if report.get("lr_peak") else ""
         lines.append(f"| {kind} | {accuracy} | {published:.2f}, {row} | {minutes} | {updates} |")
     lines += ["", "Validation accuracy (%) against updates, each run (the warm-up's on the prefixes' validation set):",
               "", "| attention, seed | warm-up | whole examples |", "|---|---|---|"]
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup-steps", type=int, default=400, help="updates on the examples cut to their first "
                         "--warmup-length symbols before the whole examples, from that model (0: none; default: 400)")
     parser.add_argument("--warmup-length", type=int, default=32, help="symbols kept in the warm-up (default: 32)")
+    parser.add_argument("--lr-peak", type=float, help="train.lr_peak of the whole examples' stage, after the "
+                        "warm-up (default: the config's, 1e-3); named in its run directory: KIND-stepsN-lrX-warm...")
     parser.add_argument("--valid-every", type=int, default=0, help="updates between validations (default: steps/4)")
     parser.add_argument("--train", type=int, default=96_000, help="training examples if the data is made")
     parser.add_argument("--valid", type=int, default=2_000)
@@ -210,12 +216,16 @@ def main(argv: list[str] | None = None) -> dict:
     full_seeds = [int(s) for s in (args.full_seeds or args.seeds).split(",") if s]
     if args.warmup_steps < 0 or args.warmup_length < 1:
         parser.error("--warmup-steps must be >= 0 and --warmup-length >= 1")
+    if args.lr_peak is not None and (args.lr_peak <= 0 or not args.warmup_steps):
+        parser.error("--lr-peak: expected a learning rate > 0 for the stage after a warm-up (--warmup-steps > 0); "
+                     "without one, use --set train.lr_peak=X")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     from atencion.errors import AtencionError
 
     data = prepare(Path(args.out) / "data", {"train": args.train, "valid": args.valid, "test": args.test},
                    args.data_seed, args.warmup_length if args.warmup_steps else None)
-    report = {"steps": args.steps, "warmup": {"steps": args.warmup_steps, "length": args.warmup_length},
+    report = {"steps": args.steps, "lr_peak": args.lr_peak,
+              "warmup": {"steps": args.warmup_steps, "length": args.warmup_length},
               "seeds": seeds, "full_seeds": full_seeds, "data": str(data), "majority_share": majority_share(
         data / "test.tsv"), "first_operator_share": first_operator_share(data / "train.tsv", data / "test.tsv"),
         "lra": {kind: LRA[kind][1] for kind in kinds}, "kinds": {}}
