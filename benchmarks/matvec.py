@@ -1,16 +1,18 @@
-"""How fast torch multiplies one row by a decoder's weights on this CPU: the bandwidth (GB/s of
+"""How fast torch and atencion multiply one row by a decoder's weights on this CPU: the bandwidth (GB/s of
 float32 weights read) of batch-1 generation's matrix products, at each thread count.
 
 A SmolLM-135M-shaped decoder's matrices (30 layers of q/k/v 960 × 576, output 576 × 576, gate and
 up 1,536 × 576, down 576 × 1,536: 425 MB, more than any cache, so every pass reads them from
-memory), each multiplied by one row, by four torch expressions of the same product:
-``F.linear(x, W)`` (what atencion and Hugging Face run), ``torch.mv(W, x)``, ``x @ Wᵀ`` with Wᵀ
-stored contiguous, and oneDNN's linear on packed weights (``torch.utils.mkldnn``). Median of
+memory), each multiplied by one row (or --rows), by four torch expressions of the same product:
+``F.linear(x, W)`` (what Hugging Face runs, and atencion for more than 5 rows), ``torch.mv(W, x)``, ``x @ Wᵀ`` with Wᵀ
+stored contiguous, oneDNN's linear on packed weights (``torch.utils.mkldnn``), and atencion's own
+kernel (atencion/nn/matvec.cpp, what decoding on the CPU uses for up to 5 rows). Median of
 ``--rounds`` passes. docs/results.md compares the figure with llama.cpp's about 22 GB/s on the
 same weights (``benchmarks/speed.py --parts llama``).
 
     python benchmarks/matvec.py                  # threads 1 and 2
     python benchmarks/matvec.py --threads 1,2,4 --rounds 7
+    python benchmarks/matvec.py --rows 5         # a beam of 5
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from atencion.nn import matvec
 
 SHAPES = [(960, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # one layer's (out, in)
 
@@ -44,12 +48,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default="1,2", help="torch thread counts, comma-separated (default: 1,2)")
     parser.add_argument("--layers", type=int, default=30, help="layers of matrices (default: 30, SmolLM-135M's)")
     parser.add_argument("--rounds", type=int, default=5, help="timed passes per figure (default: 5)")
+    parser.add_argument("--rows", type=int, default=1, help="rows multiplied at once, a beam's (default: 1; "
+                        f"the kernel takes up to {matvec.MAX_ROWS})")
     args = parser.parse_args(argv)
+    if not 1 <= args.rows <= matvec.MAX_ROWS:
+        parser.error(f"--rows: expected 1 to {matvec.MAX_ROWS}, got {args.rows}")
     import torch.utils.mkldnn as mkldnn
 
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=generator) * 0.02 for _ in range(args.layers) for out, inp in SHAPES]
-    rows = {inp: torch.randn(1, inp, generator=generator) for _, inp in SHAPES}
+    rows = {inp: torch.randn(args.rows, inp, generator=generator) for _, inp in SHAPES}
     transposed = [w.t().contiguous() for w in weights]
     packed = []
     with torch.no_grad():
@@ -61,13 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     size = [w.numel() * 4 for w in weights]
     ways = {
         "F.linear(x, W)": [(lambda w=w: F.linear(rows[w.size(1)], w), s) for w, s in zip(weights, size)],
-        "torch.mv(W, x)": [(lambda w=w: torch.mv(w, rows[w.size(1)][0]), s) for w, s in zip(weights, size)],
+        **({"torch.mv(W, x)": [(lambda w=w: torch.mv(w, rows[w.size(1)][0]), s) for w, s in zip(weights, size)]}
+           if args.rows == 1 else {}),
         "x @ Wt (contiguous)": [(lambda t=t: rows[t.size(0)] @ t, s) for t, s in zip(transposed, size)],
         "oneDNN packed linear": [(lambda m=m, w=w: m(packed_rows[w.size(1)]), s)
                                  for m, w, s in zip(packed, weights, size)],
     }
+    kernel = matvec.kernel()
+    if kernel is None:
+        print("atencion's kernel (atencion/nn/matvec.cpp) did not compile here: its row is left out")
+    else:
+        ways["atencion's matvec kernel"] = [(lambda w=w: kernel(rows[w.size(1)], w, None), s)
+                                            for w, s in zip(weights, size)]
     counts = [int(t) for t in args.threads.split(",") if t]
-    print(f"{sum(size) / 1e6:.0f} MB of float32 weights, one row; GB/s read (median of {args.rounds} passes)")
+    print(f"{sum(size) / 1e6:.0f} MB of float32 weights, {args.rows} row{'s' if args.rows > 1 else ''}; "
+          f"GB/s read (median of {args.rounds} passes)")
     print(f"{'product':<24}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>12}" for t in counts))
     with torch.inference_mode():
         for name, products in ways.items():

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import AtencionError
 from .cache import KVCache, Packing
+from .matvec import Linear, linear
 from .positional import rotate_half
 
 
@@ -111,17 +112,17 @@ def check_mask(mask: Tensor | None, name: str, batch: int, queries: int, keys: i
         )
 
 
-def project_rows(linear: nn.Module, x: Tensor, start: int, stop: int) -> Tensor:
-    """Output features ``start:stop`` of the linear layer ``linear`` at ``x``, computing only those:
+def project_rows(layer: nn.Module, x: Tensor, start: int, stop: int) -> Tensor:
+    """Output features ``start:stop`` of the linear layer ``layer`` at ``x``, computing only those:
     cross-attention takes its queries from the first third of ``in_proj`` and its keys and
     values from the rest. A layer with a ``rows`` method (LoRA, int8) computes them its own way;
     any other wrapper computes all outputs and slices them."""
-    if type(linear) is nn.Linear:
-        bias = None if linear.bias is None else linear.bias[start:stop]
-        return F.linear(x, linear.weight[start:stop], bias)
-    if hasattr(linear, "rows"):
-        return linear.rows(x, start, stop)
-    return linear(x)[..., start:stop]
+    if type(layer) in (nn.Linear, Linear):
+        bias = None if layer.bias is None else layer.bias[start:stop]
+        return linear(x, layer.weight[start:stop], bias)
+    if hasattr(layer, "rows"):
+        return layer.rows(x, start, stop)
+    return layer(x)[..., start:stop]
 
 
 @dataclass
@@ -199,8 +200,8 @@ class MultiHeadAttention(nn.Module):
         self.scale = None if scale else 1.0  # None: eq. (1)'s 1/√d_k
         self.cross = cross
         self.kind = kind  # nn/kinds/: how self-attention is computed, if not by eq. (1) itself
-        self.in_proj = nn.Linear(d_model, (n_heads + 2 * self.g) * self.d_k, bias=bias or qkv_bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj = Linear(d_model, (n_heads + 2 * self.g) * self.d_k, bias=bias or qkv_bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def forward(
         self,

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
 from .kinds import make_kind
+from .matvec import Linear, linear
 from .moe import MoEFeedForward, has_experts
 
 ACTIVATIONS = {
@@ -41,8 +42,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.linear1 = Linear(d_model, d_ff, bias=bias)
+        self.linear2 = Linear(d_ff, d_model, bias=bias)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -56,9 +57,9 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "swiglu", bias: bool = True):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)   # W1, the gate
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)   # W2
-        self.linear3 = nn.Linear(d_model, d_ff, bias=bias)   # W3, gated
+        self.linear1 = Linear(d_model, d_ff, bias=bias)   # W1, the gate
+        self.linear2 = Linear(d_ff, d_model, bias=bias)   # W2
+        self.linear3 = Linear(d_model, d_ff, bias=bias)   # W3, gated
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -170,4 +171,4 @@ class Generator(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..config import number
 from ..errors import AtencionError
 from .dropout import Dropout
+from .matvec import Linear, linear
 
 SHORTHANDS = {"attention": ["in_proj", "out_proj"], "ffn": ["linear1", "linear2", "linear3"]}
 
@@ -115,7 +116,7 @@ class LoRALinear(nn.Module):
         """Output features ``start:stop`` only (the cross-attention query, or its keys and values)."""
         bias = None if self.base.bias is None else self.base.bias[start:stop]
         low = F.linear(self.dropout(x), self.lora_A)
-        return F.linear(x, self.base.weight[start:stop], bias) + F.linear(low, self.lora_B[start:stop]) * self.scaling
+        return linear(x, self.base.weight[start:stop], bias) + F.linear(low, self.lora_B[start:stop]) * self.scaling
 
     def merged(self) -> nn.Linear:
         """The base layer with the update folded in."""
@@ -176,7 +177,8 @@ def _merge_embeddings(model: nn.Module) -> None:
 def _eligible(model: nn.Module) -> dict[str, nn.Linear]:
     """Every linear layer an adapter may wrap, by name."""
     return {name: module for name, module in model.named_modules()
-            if type(module) is nn.Linear and not name.startswith("classifier.") and not name.endswith(".router")}
+            if type(module) in (nn.Linear, Linear)
+            and not name.startswith("classifier.") and not name.endswith(".router")}
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -1,0 +1,77 @@
+"""The linear layers of decoding on a CPU: one row (or a beam of a few) times each weight matrix.
+
+Generating a token multiplies a few rows by every weight of the model, so its time is the time
+to read the weights from memory. PyTorch's CPU product (``F.linear``, through MKL) reads them at
+about 10 GB/s here whatever the thread count, llama.cpp at about 22 (docs/results.md, "Today's
+decoder"); ``matvec.cpp``, a dot product per weight row with the rows split over torch's threads,
+reads them at 22-29. It is compiled by ``torch.utils.cpp_extension`` on first use (about a minute,
+once; cached under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where it
+applies: float32 on the CPU, at most ``MAX_ROWS`` rows, nothing to differentiate, not while
+tracing or exporting. Everything else, and every machine where it does not compile (one warning
+says why), goes to ``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the
+environment. Both sum the same products in different orders: outputs agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 5  # up to a beam of 5; from 8 rows on, MKL's matrix product is as fast (benchmarks/matvec.py)
+_lock = threading.Lock()
+_kernel = None
+_tried = False
+
+
+def kernel():
+    """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
+    global _kernel, _tried
+    if _tried:
+        return _kernel
+    with _lock:
+        if _tried:
+            return _kernel
+        if os.environ.get("ATENCION_MATVEC", "1") != "0":
+            try:
+                from torch.utils.cpp_extension import load
+
+                log.info("compiling atencion's matrix-vector kernel (once; cached by torch.utils.cpp_extension)")
+                flags = ["-O3", "-march=native", "-fopenmp"]
+                _kernel = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
+                               extra_cflags=flags, extra_ldflags=["-fopenmp"]).matvec
+            except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
+                log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
+                            "F.linear. ATENCION_MATVEC=0 skips the attempt.", str(err).splitlines()[0])
+        _tried = True
+    return _kernel
+
+
+def _applies(x: Tensor, weight: Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.numel() <= MAX_ROWS * x.size(-1) and weight.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.onnx.is_in_onnx_export())
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
+    if x.numel() and _applies(x, weight) and kernel() is not None:
+        out = _kernel(x.reshape(-1, x.size(-1)), weight, bias)
+        return out.view(*x.shape[:-1], weight.size(0))
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (the same parameters and state dict) whose product is ``linear`` above."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)

@@ -1,0 +1,96 @@
+"""The matrix-vector kernel of decoding on the CPU (atencion/nn/matvec.cpp): the same products as
+F.linear to float32 rounding, used exactly where it applies, and decoding with it equal to
+decoding without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atencion.nn import matvec
+from atencion.nn.transformer import Transformer
+from conftest import small_config
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    compiled = matvec.kernel()
+    if compiled is None:
+        pytest.skip("the kernel does not compile here (no C++ compiler or ninja, or ATENCION_MATVEC=0)")
+    return compiled
+
+
+@pytest.mark.parametrize("rows", range(1, matvec.MAX_ROWS + 1))
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_multiplies_as_f_linear_does(kernel, rows, bias):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 577, generator=generator)  # 577: no multiple of any vector width
+    weight = torch.randn(1001, 577, generator=generator)
+    b = torch.randn(1001, generator=generator) if bias else None
+    torch.testing.assert_close(kernel(x, weight, b), F.linear(x, weight, b), rtol=1e-5, atol=1e-4)
+    rows_of = weight[300:700]  # the cross-attention slices: contiguous rows of a larger matrix
+    torch.testing.assert_close(kernel(x, rows_of, None), F.linear(x, rows_of), rtol=1e-5, atol=1e-4)
+
+
+def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch):
+    calls = []
+
+    def spy(x, weight, bias):
+        calls.append(tuple(x.shape))
+        return kernel(x, weight, bias)
+
+    monkeypatch.setattr(matvec, "_kernel", spy)
+    weight = torch.randn(64, 32, requires_grad=True)
+    x = torch.randn(2, 1, 32)
+    with torch.no_grad():
+        out = matvec.linear(x, weight)
+    assert calls == [(2, 32)] and out.shape == (2, 1, 64)
+    torch.testing.assert_close(out, F.linear(x, weight.detach()), rtol=1e-5, atol=1e-5)
+
+    calls.clear()
+    trained = matvec.linear(x, weight)  # a gradient to compute: F.linear
+    trained.sum().backward()
+    assert weight.grad is not None
+    with torch.no_grad():
+        matvec.linear(torch.randn(matvec.MAX_ROWS + 1, 32), weight)  # many rows: MKL's product
+        matvec.linear(x.double(), weight.double())                  # not float32
+        matvec.linear(x, weight.t().contiguous().t())               # a transposed view
+    assert calls == []
+
+
+def test_switched_off_by_the_environment_f_linear_alone(monkeypatch):
+    monkeypatch.setattr(matvec, "_kernel", None)
+    monkeypatch.setattr(matvec, "_tried", False)
+    monkeypatch.setenv("ATENCION_MATVEC", "0")
+    assert matvec.kernel() is None
+    x, weight = torch.randn(1, 8), torch.randn(4, 8)
+    with torch.no_grad():
+        assert torch.equal(matvec.linear(x, weight), F.linear(x, weight))
+
+
+def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
+    torch.manual_seed(0)
+    cfg = small_config(arch="decoder", dropout=0.0, norm="rmsnorm", norm_first=True, positional="rope",
+                       activation="swiglu", n_heads=4, n_kv_heads=2, bias=False)
+    model = Transformer(cfg).eval()
+    prompt = torch.randint(4, cfg.vocab_size, (3, 6))
+
+    def greedy(steps: int = 12):
+        ids, state, logits = prompt, model.init_state(), []
+        with torch.no_grad():
+            step = model.decode_step(ids, state, last=1)
+            for _ in range(steps):
+                logits.append(step[:, -1])
+                ids = torch.cat([ids, step[:, -1].argmax(-1, keepdim=True)], 1)
+                step = model.decode_step(ids[:, -1:], state)
+        return ids, torch.stack(logits, 1)
+
+    calls = []
+    monkeypatch.setattr(matvec, "_kernel", lambda *a: calls.append(1) or kernel(*a))
+    with_kernel = greedy()
+    assert calls  # the three rows of each step went through it
+    monkeypatch.setattr(matvec, "_kernel", None)
+    without = greedy()
+    assert torch.equal(with_kernel[0], without[0])
+    torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
