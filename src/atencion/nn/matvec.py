@@ -1,15 +1,16 @@
 """The linear layers of decoding on a CPU: one row (or a beam of a few) times each weight matrix.
 
-Generating a token multiplies a few rows by every weight of the model, so its time is the time
-to read the weights from memory. PyTorch's CPU product (``F.linear``, through MKL) reads them at
-about 10 GB/s here whatever the thread count, llama.cpp at about 22 (docs/results.md, "Today's
-decoder"); ``matvec.cpp``, a dot product per weight row with the rows split over torch's threads,
-reads them at 22-29. It is compiled by ``torch.utils.cpp_extension`` on first use (about a minute,
-once; cached under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where it
-applies: float32 on the CPU, at most ``MAX_ROWS`` rows, nothing to differentiate, not while
-tracing or exporting. Everything else, and every machine where it does not compile (one warning
-says why), goes to ``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the
-environment. Both sum the same products in different orders: outputs agree to float32 rounding.
+Generating a token multiplies a few rows by every weight of the model, so its time is the time to
+read the weights from memory. PyTorch's CPU product (``F.linear``, through MKL) reads them at 9-10
+GB/s on the 2-core machine of docs/results.md whatever the thread count, llama.cpp at about 22;
+``matvec.cpp``, a dot product per weight row with the rows split over torch's threads, reads them
+at 18-22 GB/s on one thread and 24-28 on two (``python benchmarks/matvec.py``). It is compiled by
+``torch.utils.cpp_extension`` on first use (about a minute, once; cached under
+~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where it applies: float32 on
+the CPU, at most ``MAX_ROWS`` rows, nothing to differentiate, not while tracing or exporting.
+Everything else, and every machine where it does not compile (one warning says why), goes to
+``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the environment. Both sum the same
+products in different orders: outputs agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 5  # up to a beam of 5; from 8 rows on, MKL's matrix product is as fast (benchmarks/matvec.py)
+MAX_ROWS = 5  # a beam of 5: still 1.4× F.linear (benchmarks/matvec.py --rows 5); at 8 rows no faster than it
 _lock = threading.Lock()
 _kernel = None
 _tried = False
