@@ -27,6 +27,7 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 5  # a beam of 5: still 1.4× F.linear (benchmarks/matvec.py --rows 5); at 8 rows no faster than it
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3
 _lock = threading.Lock()
 _kernel = None
 _tried = False
@@ -59,7 +60,7 @@ def _applies(x: Tensor, weight: Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and x.numel() <= MAX_ROWS * x.size(-1) and weight.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not _compiling()
             and not torch.onnx.is_in_onnx_export())
 
 
