@@ -13,4 +13,7 @@ if [ "$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/
   fi
 fi
 source scripts/setup.sh requirements-test.txt
+# atencion's matrix-vector kernel (src/atencion/nn/matvec.cpp) is compiled here, once per machine, rather than inside the
+# first test that decodes (that test would see its one-line notice); where it cannot compile, the notice says why.
+python -c "from atencion.nn.matvec import kernel; kernel()"
 exec python -m pytest "$@"

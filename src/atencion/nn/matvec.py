@@ -43,9 +43,14 @@ def kernel():
             return _kernel
         if os.environ.get("ATENCION_MATVEC", "1") != "0":
             try:
-                from torch.utils.cpp_extension import load
+                from torch.utils.cpp_extension import get_default_build_root, load
 
-                log.info("compiling atencion's matrix-vector kernel (once; cached by torch.utils.cpp_extension)")
+                root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+                built = any(any(root.glob(pattern)) for pattern in  # the default root gets a py311_cpu-like folder
+                            ("atencion_matvec/atencion_matvec.so", "*/atencion_matvec/atencion_matvec.so"))
+                (log.info if built else log.warning)(
+                    "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
+                    "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
                 flags = ["-O3", "-march=native", "-fopenmp"]
                 _kernel = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
                                extra_cflags=flags, extra_ldflags=["-fopenmp"]).matvec
