@@ -52,6 +52,9 @@ def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch
     trained = matvec.linear(x, weight)  # a gradient to compute: F.linear
     trained.sum().backward()
     assert weight.grad is not None
+    bias = torch.zeros(64, requires_grad=True)  # a frozen weight, a trained bias (BitFit): F.linear
+    matvec.linear(x, weight.detach(), bias).sum().backward()
+    assert torch.equal(bias.grad, torch.full((64,), 2.0))
     with torch.no_grad():
         matvec.linear(torch.randn(matvec.MAX_ROWS + 1, 32), weight)  # many rows: MKL's product
         matvec.linear(x.double(), weight.double())                  # not float32

@@ -56,22 +56,23 @@ def kernel():
                                extra_cflags=flags, extra_ldflags=["-fopenmp"]).matvec
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
-                            "F.linear. ATENCION_MATVEC=0 skips the attempt.", str(err).splitlines()[0])
+                            "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
         _tried = True
     return _kernel
 
 
-def _applies(x: Tensor, weight: Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (x.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors)
             and x.numel() <= MAX_ROWS * x.size(-1) and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and not torch.jit.is_tracing() and not _compiling()
             and not torch.onnx.is_in_onnx_export())
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
-    if x.numel() and _applies(x, weight) and kernel() is not None:
+    if x.numel() and _applies(x, weight, bias) and kernel() is not None:
         out = _kernel(x.reshape(-1, x.size(-1)), weight, bias)
         return out.view(*x.shape[:-1], weight.size(0))
     return F.linear(x, weight, bias)
