@@ -13,6 +13,7 @@ same weights (``benchmarks/speed.py --parts llama``).
     python benchmarks/matvec.py                  # threads 1 and 2
     python benchmarks/matvec.py --threads 1,2,4 --rounds 7
     python benchmarks/matvec.py --rows 5         # a beam of 5
+    python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernel
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed passes per figure (default: 5)")
     parser.add_argument("--rows", type=int, default=1, help="rows multiplied at once, a beam's (default: 1; "
                         f"the kernel takes up to {matvec.MAX_ROWS})")
+    parser.add_argument("--int8", action="store_true", help="int8 weights (nn/quantize.py's layers): PyTorch's "
+                        "dynamic int8 linear (fbgemm) against atencion's int8 kernel; GB/s of int8 weights read")
     args = parser.parse_args(argv)
     if not 1 <= args.rows <= matvec.MAX_ROWS:
         parser.error(f"--rows: expected 1 to {matvec.MAX_ROWS}, got {args.rows}")
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=generator) * 0.02 for _ in range(args.layers) for out, inp in SHAPES]
     rows = {inp: torch.randn(args.rows, inp, generator=generator) for _, inp in SHAPES}
+    if args.int8:
+        return int8_main(args, weights, rows)
     transposed = [w.t().contiguous() for w in weights]
     packed = []
     with torch.no_grad():
@@ -81,9 +86,33 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ways["atencion's matvec kernel"] = [(lambda w=w: kernel(rows[w.size(1)], w, None), s)
                                             for w, s in zip(weights, size)]
+    report(ways, args, f"{sum(size) / 1e6:.0f} MB of float32 weights")
+
+
+def int8_main(args, weights, rows) -> None:
+    import warnings
+
+    from atencion.nn.quantize import Int8Linear
+
+    with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
+        warnings.simplefilter("ignore")
+        layers = [Int8Linear(w, None) for w in weights]
+    size = [layer._int8.numel() for layer in layers]
+    ways = {"fbgemm linear_dynamic": [(lambda q=q: torch.ops.quantized.linear_dynamic(rows[q._int8.size(1)], q._packed,
+                                                                                      True), s)
+                                      for q, s in zip(layers, size)]}
+    if matvec.kernel() is None:
+        print("atencion's kernel (atencion/nn/matvec.cpp) did not compile here: its row is left out")
+    else:
+        ways["atencion's int8 kernel"] = [(lambda q=q: matvec._kernel_int8(rows[q._int8.size(1)], q._int8, q._scales,
+                                                                            q._sums, None), s)
+                                          for q, s in zip(layers, size)]
+    report(ways, args, f"{sum(size) / 1e6:.0f} MB of int8 weights")
+
+
+def report(ways: dict, args, what: str) -> None:
     counts = [int(t) for t in args.threads.split(",") if t]
-    print(f"{sum(size) / 1e6:.0f} MB of float32 weights, {args.rows} row{'s' if args.rows > 1 else ''}; "
-          f"GB/s read (median of {args.rounds} passes)")
+    print(f"{what}, {args.rows} row{'s' if args.rows > 1 else ''}; GB/s read (median of {args.rounds} passes)")
     print(f"{'product':<24}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>12}" for t in counts))
     with torch.inference_mode():
         for name, products in ways.items():

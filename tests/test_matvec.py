@@ -1,6 +1,6 @@
-"""The matrix-vector kernel of decoding on the CPU (atencion/nn/matvec.cpp): the same products as
-F.linear to float32 rounding, used exactly where it applies, and decoding with it equal to
-decoding without it."""
+"""The matrix-vector kernels of decoding on the CPU (atencion/nn/matvec.cpp): the float32 one gives
+F.linear's products to float32 rounding, the int8 one PyTorch's dynamic int8 linear's; each is used
+exactly where it applies, and decoding with it equals decoding without it."""
 
 from __future__ import annotations
 
@@ -94,6 +94,74 @@ def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
     with_kernel = greedy()
     assert calls  # the three rows of each step went through it
     monkeypatch.setattr(matvec, "_kernel", None)
+    without = greedy()
+    assert torch.equal(with_kernel[0], without[0])
+    torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def kernel_int8(kernel):
+    return matvec._kernel_int8
+
+
+def int8_layer(n: int, k: int, bias: bool, seed: int):
+    from atencion.nn.quantize import Int8Linear
+
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=generator) * 0.05
+    weight[7] *= 30  # a row of its own range: the per-row scales
+    return Int8Linear(weight, torch.randn(n, generator=generator) if bias else None)
+
+
+@pytest.mark.parametrize("rows", range(1, matvec.MAX_ROWS + 1))
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_int8_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_int8, rows, bias):
+    layer = int8_layer(1001, 577, bias, rows)
+    generator = torch.Generator().manual_seed(10 + rows)
+    for x in (torch.randn(rows, 577, generator=generator),        # a zero point inside the range
+              torch.rand(rows, 577, generator=generator) + 0.5,   # all positive: zero point 0
+              -torch.rand(rows, 577, generator=generator),        # all negative: zero point 127
+              torch.zeros(rows, 577)):                            # no range at all
+        want = torch.ops.quantized.linear_dynamic(x, layer._packed, True)
+        got = kernel_int8(x, layer._int8, layer._scales, layer._sums, layer.bias)
+        # the same int32 sums, rescaled the same way: equal but for the float rounding of the bias' sum
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_layers_use_it_for_a_few_rows_and_fbgemm_for_more(kernel_int8, monkeypatch):
+    calls = []
+    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(tuple(a[0].shape)) or kernel_int8(*a))
+    layer = int8_layer(64, 32, True, 0)
+    with torch.no_grad():
+        few = layer(torch.ones(2, 1, 32))
+        many = layer(torch.ones(matvec.MAX_ROWS + 1, 32))
+    assert calls == [(2, 32)] and few.shape == (2, 1, 64)
+    torch.testing.assert_close(few[:, 0], many[:2], rtol=1e-6, atol=1e-6)  # fbgemm's rows: the same values
+
+
+def test_an_int8_decoder_generates_the_same_with_and_without_it(kernel_int8, monkeypatch):
+    from atencion.nn.quantize import quantize_int8
+
+    torch.manual_seed(1)
+    cfg = small_config(arch="decoder", dropout=0.0, norm="rmsnorm", norm_first=True, positional="rope",
+                       activation="swiglu", n_heads=4, n_kv_heads=2, bias=False)
+    model = quantize_int8(Transformer(cfg))
+    prompt = torch.randint(4, cfg.vocab_size, (2, 5))
+
+    def greedy(steps: int = 10):
+        ids, state = prompt, model.init_state()
+        with torch.no_grad():
+            step = model.decode_step(ids, state, last=1)
+            for _ in range(steps):
+                ids = torch.cat([ids, step[:, -1].argmax(-1, keepdim=True)], 1)
+                step = model.decode_step(ids[:, -1:], state)
+        return ids, step
+
+    calls = []
+    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(1) or kernel_int8(*a))
+    with_kernel = greedy()
+    assert calls
+    monkeypatch.setattr(matvec, "_kernel_int8", None)
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)

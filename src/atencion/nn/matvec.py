@@ -11,6 +11,10 @@ the CPU, at most ``MAX_ROWS`` rows, nothing to differentiate, not while tracing 
 Everything else, and every machine where it does not compile (one warning says why), goes to
 ``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the environment. Both sum the same
 products in different orders: outputs agree to float32 rounding.
+
+Its int8 twin (``int8_linear``, for nn/quantize.py's layers) computes what PyTorch's dynamic int8
+linear computes, in the same int32 sums, reading a quarter of the bytes: about 1.8× fbgemm's speed
+at one row (``python benchmarks/matvec.py --int8``).
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ MAX_ROWS = 5  # a beam of 5: still 1.4× F.linear (benchmarks/matvec.py --rows 5
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3
 _lock = threading.Lock()
 _kernel = None
+_kernel_int8 = None
 _tried = False
 
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _tried
+    global _kernel, _kernel_int8, _tried
     if _tried:
         return _kernel
     with _lock:
@@ -52,8 +57,9 @@ def kernel():
                     "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
                     "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
                 flags = ["-O3", "-march=native", "-fopenmp"]
-                _kernel = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
-                               extra_cflags=flags, extra_ldflags=["-fopenmp"]).matvec
+                module = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
+                              extra_cflags=flags, extra_ldflags=["-fopenmp"])
+                _kernel, _kernel_int8 = module.matvec, module.matvec_int8
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
                             "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
@@ -61,21 +67,33 @@ def kernel():
     return _kernel
 
 
+def _few_rows(x: Tensor) -> bool:
+    """A few rows on the CPU, outside tracing, compiling and export."""
+    return (x.device.type == "cpu" and 0 < x.numel() <= MAX_ROWS * x.size(-1)
+            and not torch.jit.is_tracing() and not _compiling() and not torch.onnx.is_in_onnx_export())
+
+
 def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    return (x.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors)
-            and x.numel() <= MAX_ROWS * x.size(-1) and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            and not torch.jit.is_tracing() and not _compiling()
-            and not torch.onnx.is_in_onnx_export())
+    return (_few_rows(x) and all(t.dtype == torch.float32 for t in tensors) and weight.is_contiguous()
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
-    if x.numel() and _applies(x, weight, bias) and kernel() is not None:
+    if _applies(x, weight, bias) and kernel() is not None:
         out = _kernel(x.reshape(-1, x.size(-1)), weight, bias)
         return out.view(*x.shape[:-1], weight.size(0))
     return F.linear(x, weight, bias)
+
+
+def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: Tensor | None) -> Tensor | None:
+    """The int8 kernel's ``x Wᵀ + b`` for float32 rows ``x`` (rows, k), ``W = weight * scales[:, None]``
+    (``weight`` int8, ``sums`` its rows' int32 sums), or None where it does not apply (many rows, another
+    device, tracing, switched off): the caller then runs PyTorch's ``linear_dynamic``."""
+    if _few_rows(x) and kernel() is not None and _kernel_int8 is not None:
+        return _kernel_int8(x, weight, scales, sums, bias)
+    return None
 
 
 class Linear(nn.Linear):

@@ -3,7 +3,8 @@
 Every linear layer's weight is stored as int8 with one scale per output row (symmetric, the
 row's largest magnitude maps to 127); at run time each input is quantized to 8 bits with its
 own range and the product accumulates in int32 (PyTorch's fbgemm/oneDNN ``linear_dynamic``
-kernels), then is rescaled to float32. Layer norms, softmax, attention scores and the
+kernels, or for a few rows nn/matvec.cpp's, which computes the same sums faster), then is rescaled
+to float32. Layer norms, softmax, attention scores and the
 embeddings stay in float32. The cost in BLEU is measured in docs/results.md; the speed in
 benchmarks/speed.py.
 
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import AtencionError
+from . import matvec
 from .layers import Generator
 
 
@@ -39,11 +41,17 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(self.weight, scales, zero_points, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qweight, self.bias)
+            # the same int8 rows and scales for matvec's kernel of a few rows
+            self._int8 = qweight.int_repr()
+            self._scales = qweight.q_per_channel_scales().float()
+            self._sums = self._int8.sum(dim=1, dtype=torch.int32)
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
-        # reduce_range: 7-bit inputs, so AVX2's 16-bit pairwise sums cannot saturate
-        out = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float(), self._packed, True)
+        rows = x.reshape(-1, shape[-1]).float()
+        out = matvec.int8_linear(rows, self._int8, self._scales, self._sums, self.bias)
+        if out is None:  # reduce_range: 7-bit inputs, so AVX2's 16-bit pairwise sums cannot saturate
+            out = torch.ops.quantized.linear_dynamic(rows, self._packed, True)
         return out.view(*shape[:-1], out.size(-1))
 
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
