@@ -4,15 +4,18 @@ float32 weights read) of batch-1 generation's matrix products, at each thread co
 A SmolLM-135M-shaped decoder's matrices (30 layers of q/k/v 960 × 576, output 576 × 576, gate and
 up 1,536 × 576, down 576 × 1,536: 425 MB, more than any cache, so every pass reads them from
 memory), each multiplied by one row (or --rows), by four torch expressions of the same product:
-``F.linear(x, W)`` (what Hugging Face runs, and atencion for more than 5 rows), ``torch.mv(W, x)``, ``x @ Wᵀ`` with Wᵀ
-stored contiguous, oneDNN's linear on packed weights (``torch.utils.mkldnn``), and atencion's own
-kernel (atencion/nn/matvec.cpp, what decoding on the CPU uses for up to 5 rows). Median of
-``--rounds`` passes. docs/results.md compares the figure with llama.cpp's about 22 GB/s on the
-same weights (``benchmarks/speed.py --parts llama``).
+``F.linear(x, W)`` (what Hugging Face runs, and atencion for more than 16 rows), ``torch.mv(W, x)``, ``x @ Wᵀ``
+with Wᵀ stored contiguous, oneDNN's linear on packed weights (``torch.utils.mkldnn``), and atencion's
+own kernels (atencion/nn/matvec.cpp): the dot products decoding on the CPU uses for up to 5 rows, and
+the panels' product it uses for 6 to 16 (where the CPU has AVX-512). Median of ``--rounds`` passes;
+from 6 rows on the product is bound by arithmetic more than by memory (GFLOP/s = GB/s × rows / 2).
+docs/results.md compares the figure with llama.cpp's about 22 GB/s on the same weights
+(``benchmarks/speed.py --parts llama``).
 
     python benchmarks/matvec.py                  # threads 1 and 2
     python benchmarks/matvec.py --threads 1,2,4 --rounds 7
     python benchmarks/matvec.py --rows 5         # a beam of 5
+    python benchmarks/matvec.py --rows 16        # a batch of 16
     python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernel
 """
 
@@ -50,12 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=30, help="layers of matrices (default: 30, SmolLM-135M's)")
     parser.add_argument("--rounds", type=int, default=5, help="timed passes per figure (default: 5)")
     parser.add_argument("--rows", type=int, default=1, help="rows multiplied at once, a beam's (default: 1; "
-                        f"the kernel takes up to {matvec.MAX_ROWS})")
+                        f"at most {matvec.PANEL_ROWS})")
     parser.add_argument("--int8", action="store_true", help="int8 weights (nn/quantize.py's layers): PyTorch's "
                         "dynamic int8 linear (fbgemm) against atencion's int8 kernel; GB/s of int8 weights read")
     args = parser.parse_args(argv)
-    if not 1 <= args.rows <= matvec.MAX_ROWS:
-        parser.error(f"--rows: expected 1 to {matvec.MAX_ROWS}, got {args.rows}")
+    if not 1 <= args.rows <= matvec.PANEL_ROWS:
+        parser.error(f"--rows: expected 1 to {matvec.PANEL_ROWS}, got {args.rows}")
     import torch.utils.mkldnn as mkldnn
 
     generator = torch.Generator().manual_seed(0)
@@ -86,6 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ways["atencion's matvec kernel"] = [(lambda w=w: kernel(rows[w.size(1)], w, None), s)
                                             for w, s in zip(weights, size)]
+        if matvec._panels_kernel is not None:
+            laid_out = [matvec.panels(w) for w in weights]
+            ways["atencion's panels kernel"] = [(lambda w=w, p=p: matvec._panels_kernel(rows[w.size(1)], p, w.size(0),
+                                                                                         None), s)
+                                                for w, p, s in zip(weights, laid_out, size)]
     report(ways, args, f"{sum(size) / 1e6:.0f} MB of float32 weights")
 
 
@@ -112,15 +120,16 @@ def int8_main(args, weights, rows) -> None:
 
 def report(ways: dict, args, what: str) -> None:
     counts = [int(t) for t in args.threads.split(",") if t]
-    print(f"{what}, {args.rows} row{'s' if args.rows > 1 else ''}; GB/s read (median of {args.rounds} passes)")
-    print(f"{'product':<24}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>12}" for t in counts))
+    print(f"{what}, {args.rows} row{'s' if args.rows > 1 else ''}; GB/s read (median of {args.rounds} passes)"
+          + ("" if args.int8 else "; GFLOP/s = GB/s × rows / 2"))
+    print(f"{'product':<26}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>12}" for t in counts))
     with torch.inference_mode():
         for name, products in ways.items():
             figures = []
             for t in counts:
                 torch.set_num_threads(t)
                 figures.append(bandwidth(products, args.rounds))
-            print(f"{name:<24}" + "".join(f"{g:>12.1f}" for g in figures))
+            print(f"{name:<26}" + "".join(f"{g:>12.1f}" for g in figures))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch
     matvec.linear(x, weight.detach(), bias).sum().backward()
     assert torch.equal(bias.grad, torch.full((64,), 2.0))
     with torch.no_grad():
-        matvec.linear(torch.randn(matvec.MAX_ROWS + 1, 32), weight)  # many rows: MKL's product
+        matvec.linear(torch.randn(matvec.MAX_ROWS + 1, 32), weight)  # more rows: the panels' kernel, not this
         matvec.linear(x.double(), weight.double())                  # not float32
         matvec.linear(x, weight.t().contiguous().t())               # a transposed view
     assert calls == []
@@ -90,10 +90,13 @@ def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
         return ids, torch.stack(logits, 1)
 
     calls = []
-    monkeypatch.setattr(matvec, "_kernel", lambda *a: calls.append(1) or kernel(*a))
+    for name in ("_kernel", "_rms_norm", "_rotate"):
+        compiled = getattr(matvec, name)
+        monkeypatch.setattr(matvec, name, lambda *a, name=name, compiled=compiled: calls.append(name) or compiled(*a))
     with_kernel = greedy()
-    assert calls  # the three rows of each step went through it
-    monkeypatch.setattr(matvec, "_kernel", None)
+    assert set(calls) == {"_kernel", "_rms_norm", "_rotate"}  # the three rows of each step went through them
+    for name in ("_kernel", "_rms_norm", "_rotate"):
+        monkeypatch.setattr(matvec, name, None)
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
@@ -165,3 +168,76 @@ def test_an_int8_decoder_generates_the_same_with_and_without_it(kernel_int8, mon
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, matvec.SMALL_ROWS])
+def test_the_rms_norm_kernel_normalises_as_torch_does(kernel, rows):
+    norm = matvec.RMSNorm(577, eps=1e-5)
+    reference = torch.nn.RMSNorm(577, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+        reference.weight.copy_(norm.weight)
+    x = torch.randn(rows, 1, 577) * 3
+    calls = []
+    compiled = matvec._rms_norm
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matvec, "_rms_norm", lambda *a: calls.append(1) or compiled(*a))
+        got = norm(x)
+        many = norm(torch.randn(matvec.SMALL_ROWS + 1, 577))  # more rows: PyTorch's
+    assert calls == [1] and many.shape == (matvec.SMALL_ROWS + 1, 577)
+    torch.testing.assert_close(got, reference(x), rtol=1e-5, atol=1e-5)
+    assert norm(x).grad_fn is not None  # with gradients to compute: nn.RMSNorm's own
+
+
+@pytest.mark.parametrize("length", [1, 4])
+def test_the_rope_kernel_turns_queries_and_keys_as_rotate_does(kernel, length):
+    from atencion.nn.attention import RelativeTerms
+    from atencion.nn.positional import RotaryPositions
+
+    heads, kv_heads, d_k = 4, 2, 10
+    projected = torch.randn(3, length, (heads + 2 * kv_heads) * d_k)
+    terms = RelativeTerms(rotary=RotaryPositions(d_k).angles(torch.arange(5, 5 + length)))
+    split = projected.view(3, length, -1, d_k).transpose(1, 2)
+    want_q, want_k = terms.rotate(split[:, :heads]), terms.rotate(split[:, heads:heads + kv_heads])
+    values = split[:, heads + kv_heads:].clone()
+    with torch.no_grad():
+        assert matvec.rotate_(projected, heads + kv_heads, d_k, *terms.rotary)
+    turned = projected.view(3, length, -1, d_k).transpose(1, 2)
+    torch.testing.assert_close(turned[:, :heads], want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(turned[:, heads:heads + kv_heads], want_k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(turned[:, heads + kv_heads:], values)  # the values are not turned
+    assert not matvec.rotate_(projected.requires_grad_(), heads + kv_heads, d_k, *terms.rotary)  # autograd: no
+
+
+@pytest.fixture(scope="module")
+def panels_kernel(kernel):
+    if matvec._panels_kernel is None:
+        pytest.skip("the kernel was compiled without AVX-512: 6-16 rows go to F.linear")
+    return matvec._panels_kernel
+
+
+@pytest.mark.parametrize("rows", [matvec.MAX_ROWS + 1, 11, matvec.PANEL_ROWS])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_panels_kernel_multiplies_as_f_linear_does(panels_kernel, rows, bias):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 577, generator=generator)
+    weight = torch.randn(1001, 577, generator=generator)  # 1001: the last panel is partly padding
+    b = torch.randn(1001, generator=generator) if bias else None
+    got = panels_kernel(x, matvec.panels(weight), 1001, b)
+    torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-4)
+
+
+def test_6_to_16_rows_use_the_panels_made_once_and_again_when_the_weight_changes(panels_kernel, monkeypatch):
+    calls = []
+    monkeypatch.setattr(matvec, "_panels_kernel", lambda x, p, n, b: calls.append((x.size(0), p.data_ptr()))
+                        or panels_kernel(x, p, n, b))
+    layer = matvec.Linear(32, 40)
+    with torch.no_grad():
+        for rows in (matvec.MAX_ROWS + 1, matvec.PANEL_ROWS, matvec.PANEL_ROWS + 1):
+            out = layer(torch.ones(rows, 1, 32))
+            torch.testing.assert_close(out, F.linear(torch.ones(rows, 1, 32), layer.weight, layer.bias))
+        assert [r for r, _ in calls] == [matvec.MAX_ROWS + 1, matvec.PANEL_ROWS]  # 17 rows: F.linear's
+        assert calls[0][1] == calls[1][1]  # the same panels: made once
+        layer.weight.mul_(2)  # a changed weight (an optimiser's step, a loaded state dict): new panels
+        torch.testing.assert_close(layer(torch.ones(8, 32)), F.linear(torch.ones(8, 32), layer.weight, layer.bias))
+    assert calls[2][0] == 8 and calls[2][1] != calls[0][1]

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import AtencionError
 from .cache import KVCache, Packing
-from .matvec import Linear, linear
+from .matvec import Linear, linear, rotate_
 from .positional import rotate_half
 
 
@@ -229,9 +229,12 @@ class MultiHeadAttention(nn.Module):
             projected = self.in_proj(x)
             if packing is not None:
                 projected = packing.unpack(projected)
+            # RoPE: the queries' and keys' heads turned in place in one call where the kernel applies
+            turned = positions is not None and positions.rotary is not None and \
+                rotate_(projected, self.h + self.g, self.d_k, *positions.rotary)
             q, k, v = self._split(projected)
             if positions is not None:
-                if positions.rotary is not None:
+                if positions.rotary is not None and not turned:
                     q, k = positions.rotate(q), positions.rotate(k)
                 bias = positions.bias
             if prefix is not None:

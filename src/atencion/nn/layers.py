@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import KVCache, MultiHeadAttention, Packing, RelativeTerms
 from .dropout import Dropout
 from .kinds import make_kind
-from .matvec import Linear, linear
+from .matvec import Linear, RMSNorm, linear
 from .moe import MoEFeedForward, has_experts
 
 ACTIVATIONS = {
@@ -33,7 +33,7 @@ GATED = ("swiglu", "geglu")  # the activations of a gated feed-forward network (
 def make_norm(cfg) -> nn.Module:
     """LayerNorm (the paper, BERT, GPT-2) or RMSNorm (T5: scale only, no mean, no bias)."""
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        return RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
 

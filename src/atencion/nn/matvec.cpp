@@ -20,7 +20,7 @@
 #include <cmath>
 #include <optional>
 #include <vector>
-#ifdef __AVX512VNNI__
+#if defined(__AVX512F__) || defined(__AVX512VNNI__)
 #include <immintrin.h>
 #endif
 
@@ -124,7 +124,133 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
   return y;
 }
 
+// From 6 to 16 rows (a batch of sentences, a beam) reading each weight once per row no longer pays:
+// the product is bound by arithmetic, not memory. matmul_panels takes the weight in panels of 16
+// rows stored column by column, (n / 16, k, 16) (matvec.py makes this copy once), and keeps one
+// 16-wide accumulator per row of x in a register: each step loads 16 weights and does one fused
+// multiply-add per row, with no sums across a vector at the end. AVX-512 only (avx512 below says so).
+
+#ifdef __AVX512F__
+template <int M>
+static void panel_product(const float* __restrict X, int64_t k, const float* __restrict panel, float* __restrict Y,
+                          int64_t n, int64_t first, const float* B) {
+  __m512 acc[M];
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const __m512 w = _mm512_loadu_ps(panel + i * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(X[r * k + i]), w, acc[r]);
+  }
+  const int64_t valid = std::min<int64_t>(16, n - first);  // the last panel may be partly padding
+  const __mmask16 mask = __mmask16((1u << valid) - 1);
+  const __m512 b = B ? _mm512_maskz_loadu_ps(mask, B + first) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) _mm512_mask_storeu_ps(Y + r * n + first, mask, _mm512_add_ps(acc[r], b));
+}
+
+template <int M>
+static void panel_products(const float* X, int64_t k, const float* panels, int64_t count, float* Y, int64_t n,
+                           const float* B) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) panel_product<M>(X, k, panels + p * k * 16, Y, n, p * 16, B);
+  });
+}
+#endif
+
+torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
+                            const std::optional<torch::Tensor>& bias) {
+  // x: (m, k) float32, m <= 16; panels: (ceil(n / 16), k, 16) float32 contiguous; bias: (n) or none.
+#ifdef __AVX512F__
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_panels: (m <= 16, k) float32");
+  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.scalar_type() == at::kFloat &&
+              panels.size(0) == (n + 15) / 16 && panels.size(1) == x.size(1) && panels.size(2) == 16,
+              "matmul_panels: panels (ceil(n / 16), k, 16) float32");
+  const torch::Tensor rows = x.contiguous();
+  const int64_t m = rows.size(0), k = rows.size(1), count = panels.size(0);
+  torch::Tensor y = torch::empty({m, n}, rows.options());
+  torch::Tensor b;
+  const float* B = nullptr;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matmul_panels: the bias must be float32, one per row of W");
+    B = b.data_ptr<float>();
+  }
+  const float *X = rows.data_ptr<float>(), *P = panels.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  switch (m) {
+#define ROWS(M) case M: panel_products<M>(X, k, P, count, Y, n, B); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+  }
+  return y;
+#else
+  TORCH_CHECK(false, "matmul_panels: compiled without AVX-512");
+#endif
+}
+
+// Two more of a decoding step's small operations, which as PyTorch expressions cost several calls
+// each (a few microseconds apiece) for a few hundred numbers.
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // x: (m, d) float32 contiguous; each row times weight / sqrt(mean(row²) + eps), as nn.RMSNorm
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rms_norm: contiguous float32 rows");
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+              "rms_norm: one float32 weight per feature");
+  const int64_t m = x.size(0), d = x.size(1);
+  torch::Tensor y = torch::empty_like(x);
+  const float *X = x.data_ptr<float>(), *G = weight.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = X + r * d;
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < d; ++i) squares += row[i] * row[i];
+    const float scale = 1.f / std::sqrt(squares / float(d) + float(eps));
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) Y[r * d + i] = row[i] * scale * G[i];
+  }
+  return y;
+}
+
+void rotate_(torch::Tensor& x, int64_t heads, int64_t d_k, const torch::Tensor& cos, const torch::Tensor& sin) {
+  // x: (b, t, n) float32 contiguous, whose first heads · d_k features of each position (the queries' and
+  // keys' heads, side by side) are turned in place by RoPE: (x1, x2) → (x1 cos − x2 sin, x2 cos + x1 sin)
+  // on the halves of each head, with cos and sin (t, d_k) of the positions.
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.scalar_type() == at::kFloat && heads * d_k <= x.size(2) &&
+              d_k % 2 == 0, "rotate_: contiguous float32 (b, t, n) with heads · d_k <= n, d_k even");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat && cos.numel() == x.size(1) * d_k && sin.numel() == cos.numel(),
+              "rotate_: cos and sin (t, d_k) float32");
+  const int64_t b = x.size(0), t = x.size(1), n = x.size(2), half = d_k / 2;
+  float* X = x.data_ptr<float>();
+  const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
+  for (int64_t row = 0; row < b * t; ++row) {
+    const float* c = C + (row % t) * d_k;
+    const float* s = S + (row % t) * d_k;
+    for (int64_t head = 0; head < heads; ++head) {
+      float* x1 = X + row * n + head * d_k;
+      float* x2 = x1 + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], z = x2[i];
+        x1[i] = a * c[i] - z * s[i];
+        x2[i] = z * c[half + i] + a * s[half + i];
+      }
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("matvec", &matvec, "x W^T + b for a few rows x");
   module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row");
+  module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows");
+  module.def("rotate_", &rotate_, "RoPE on the first heads of each position, in place");
+  module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows");
+#ifdef __AVX512F__
+  module.attr("avx512") = true;
+#else
+  module.attr("avx512") = false;
+#endif
 }

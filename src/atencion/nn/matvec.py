@@ -13,8 +13,10 @@ Everything else, and every machine where it does not compile (one warning says w
 products in different orders: outputs agree to float32 rounding.
 
 Its int8 twin (``int8_linear``, for nn/quantize.py's layers) computes what PyTorch's dynamic int8
-linear computes, in the same int32 sums, reading a quarter of the bytes: about 1.8× fbgemm's speed
-at one row (``python benchmarks/matvec.py --int8``).
+linear computes, in the same int32 sums, reading a quarter of the bytes: 1.3-2× fbgemm's speed at
+one row (``python benchmarks/matvec.py --int8``). Two more kernels do in one call what PyTorch does
+in several for a decoding step's few numbers: ``RMSNorm`` and ``rotate_`` (RoPE on the queries and
+keys in place); with them a SmolLM-shaped step takes about a fifth less time at batch 1 in int8.
 """
 
 from __future__ import annotations
@@ -35,12 +37,17 @@ _compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 
 _lock = threading.Lock()
 _kernel = None
 _kernel_int8 = None
+_rms_norm = None
+_rotate = None
+_panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512
 _tried = False
+PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
+SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
 
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _tried
+    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _tried
     if _tried:
         return _kernel
     with _lock:
@@ -59,7 +66,9 @@ def kernel():
                 flags = ["-O3", "-march=native", "-fopenmp"]
                 module = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
                               extra_cflags=flags, extra_ldflags=["-fopenmp"])
-                _kernel, _kernel_int8 = module.matvec, module.matvec_int8
+                _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
+                    module.rotate_
+                _panels_kernel = module.matmul_panels if module.avx512 else None
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
                             "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
@@ -67,22 +76,53 @@ def kernel():
     return _kernel
 
 
-def _few_rows(x: Tensor) -> bool:
-    """A few rows on the CPU, outside tracing, compiling and export."""
-    return (x.device.type == "cpu" and 0 < x.numel() <= MAX_ROWS * x.size(-1)
+def _few_rows(x: Tensor, most: int = MAX_ROWS) -> bool:
+    """At most ``most`` rows on the CPU, outside tracing, compiling and export."""
+    return (x.device.type == "cpu" and 0 < x.numel() <= most * x.size(-1)
             and not torch.jit.is_tracing() and not _compiling() and not torch.onnx.is_in_onnx_export())
+
+
+def _inference(*tensors: Tensor) -> bool:
+    """float32 tensors, none of which needs its gradient."""
+    return (all(t.dtype == torch.float32 for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
 def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    return (_few_rows(x) and all(t.dtype == torch.float32 for t in tensors) and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+    return _few_rows(x, PANEL_ROWS) and _inference(*tensors) and weight.is_contiguous()
+
+
+def panels(weight: Tensor) -> Tensor:
+    """``weight`` (n, k) in panels of 16 rows stored column by column, (ceil(n / 16), k, 16), zero
+    rows padding the last: the layout of ``matmul_panels``. Made on first use and kept on the
+    weight (a second copy of it: memory for speed, and only where 6-16 rows are multiplied); made
+    again when the weight changes."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor keeps no version: the one made first stays
+        version = None
+    kept = getattr(weight, "_atencion_panels", None)
+    if kept is not None and kept[0] == version and kept[1] == weight.data_ptr():
+        return kept[2]
+    n, k = weight.shape
+    padded = weight.new_zeros(-(-n // 16) * 16, k)
+    padded[:n] = weight
+    made = padded.view(-1, 16, k).transpose(1, 2).contiguous()
+    weight._atencion_panels = (version, weight.data_ptr(), made)
+    return made
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
     if _applies(x, weight, bias) and kernel() is not None:
-        out = _kernel(x.reshape(-1, x.size(-1)), weight, bias)
+        rows = x.reshape(-1, x.size(-1))
+        if rows.size(0) <= MAX_ROWS:
+            out = _kernel(rows, weight, bias)
+        elif _panels_kernel is not None:
+            out = _panels_kernel(rows, panels(weight), weight.size(0), bias)
+        else:
+            return F.linear(x, weight, bias)
         return out.view(*x.shape[:-1], weight.size(0))
     return F.linear(x, weight, bias)
 
@@ -101,3 +141,28 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` (the same parameter and state dict); up to ``SMALL_ROWS`` float32 rows on the CPU,
+    in inference, are normalised by the kernel in one call instead of PyTorch's several."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (_few_rows(x, SMALL_ROWS) and x.is_contiguous() and _inference(x, self.weight)
+                and kernel() is not None and _rms_norm is not None):
+            eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+            return _rms_norm(x.view(-1, x.size(-1)), self.weight, eps).view(x.shape)
+        return super().forward(x)
+
+
+def rotate_(projected: Tensor, heads: int, d_k: int, cos: Tensor, sin: Tensor) -> bool:
+    """Turn the first ``heads`` heads of each position of ``projected`` (batch, length, n) by RoPE
+    in place (the queries' and keys' heads, which the attention layer's projection puts first), with
+    ``cos``, ``sin`` (length, d_k); True if done, False where the kernel does not apply (the caller
+    then turns its queries and keys with PyTorch)."""
+    if (projected.dim() == 3 and _few_rows(projected, SMALL_ROWS) and projected.is_contiguous()
+            and _inference(projected, cos, sin) and cos.shape == sin.shape == (projected.size(1), d_k)
+            and cos.is_contiguous() and sin.is_contiguous() and kernel() is not None and _rotate is not None):
+        _rotate(projected, heads, d_k, cos, sin)
+        return True
+    return False
