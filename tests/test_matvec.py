@@ -131,15 +131,37 @@ def test_the_int8_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_int8_layers_use_it_for_a_few_rows_and_fbgemm_for_more(kernel_int8, monkeypatch):
+def test_int8_layers_use_the_kernels_for_up_to_16_rows_and_fbgemm_for_more(kernel_int8, monkeypatch):
     calls = []
-    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(tuple(a[0].shape)) or kernel_int8(*a))
+    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(("dots", a[0].size(0))) or kernel_int8(*a))
+    panels = matvec._int8_panels_kernel
+    if panels is not None:
+        monkeypatch.setattr(matvec, "_int8_panels_kernel", lambda *a: calls.append(("panels", a[0].size(0)))
+                            or panels(*a))
     layer = int8_layer(64, 32, True, 0)
     with torch.no_grad():
         few = layer(torch.ones(2, 1, 32))
-        many = layer(torch.ones(matvec.MAX_ROWS + 1, 32))
-    assert calls == [(2, 32)] and few.shape == (2, 1, 64)
+        more = layer(torch.ones(matvec.PANEL_ROWS, 32))
+        many = layer(torch.ones(matvec.PANEL_ROWS + 1, 32))
+    assert calls == [("dots", 2)] + ([("panels", matvec.PANEL_ROWS)] if panels is not None else [])
+    assert few.shape == (2, 1, 64)
     torch.testing.assert_close(few[:, 0], many[:2], rtol=1e-6, atol=1e-6)  # fbgemm's rows: the same values
+    torch.testing.assert_close(more, many[:-1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [matvec.MAX_ROWS + 1, 11, matvec.PANEL_ROWS])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_int8_panels_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_int8, rows, bias):
+    if matvec._int8_panels_kernel is None:
+        pytest.skip("the kernel was compiled without AVX-512 VNNI: 6-16 rows go to fbgemm")
+    layer = int8_layer(1001, 577, bias, rows)  # 1001 rows, 577 columns: padding in both
+    generator = torch.Generator().manual_seed(20 + rows)
+    for x in (torch.randn(rows, 577, generator=generator), torch.rand(rows, 577, generator=generator) + 0.5,
+              -torch.rand(rows, 577, generator=generator), torch.zeros(rows, 577)):
+        want = torch.ops.quantized.linear_dynamic(x, layer._packed, True)
+        got = matvec._int8_panels_kernel(x, matvec.int8_panels(layer._int8), 1001, layer._scales, layer._sums,
+                                         layer.bias)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_an_int8_decoder_generates_the_same_with_and_without_it(kernel_int8, monkeypatch):
@@ -241,3 +263,15 @@ def test_6_to_16_rows_use_the_panels_made_once_and_again_when_the_weight_changes
         layer.weight.mul_(2)  # a changed weight (an optimiser's step, a loaded state dict): new panels
         torch.testing.assert_close(layer(torch.ones(8, 32)), F.linear(torch.ones(8, 32), layer.weight, layer.bias))
     assert calls[2][0] == 8 and calls[2][1] != calls[0][1]
+
+
+def test_rows_of_a_larger_matrix_use_its_panels_where_they_start_a_panel(panels_kernel, monkeypatch):
+    made = []
+    real = matvec.panels
+    monkeypatch.setattr(matvec, "panels", lambda w: made.append(tuple(w.shape)) or real(w))
+    weight, x = torch.randn(96, 24), torch.randn(7, 24)
+    with torch.no_grad():
+        for start, stop in ((32, 64), (16, 90), (0, 96), (8, 40)):  # the last starts inside a panel: F.linear
+            torch.testing.assert_close(matvec.linear(x, weight[start:stop]), F.linear(x, weight[start:stop]),
+                                       rtol=1e-5, atol=1e-5)
+    assert made == [(96, 24)] * 3  # the whole matrix's panels each time, never a slice's

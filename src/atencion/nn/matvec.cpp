@@ -9,7 +9,7 @@
 //
 // matvec_int8 is the same for int8 weights (nn/quantize.py), a quarter of the bytes to read. It
 // does what PyTorch's dynamic int8 linear (fbgemm) does, in the same integers: the rows are
-// quantized together to 7-bit unsigned values with one scale and zero point from their range
+// quantized together to unsigned bytes with one scale and zero point from their range
 // (reduce_range), each dot product is summed exactly in int32, and the sum is rescaled to float32.
 // Where the CPU has AVX-512 VNNI, vpdpbusd multiplies and adds 64 bytes at a time.
 
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX512VNNI__)
@@ -76,6 +77,35 @@ static int32_t dot_int8(const uint8_t* q, const int8_t* w, int64_t k) {
 #endif
 }
 
+// The rows of x (m, k) quantized together as fbgemm's dynamic linear does with reduce_range: one
+// scale and zero point from their range (which always holds 0) for 7-bit values, 0 to 127; each
+// value x · (1 / scale) + zero in one fused multiply-add, rounded to the nearest (even) integer and
+// clamped to 8 bits, exactly as fbgemm computes it (a separate product and sum round a value or two
+// in a thousand differently). Each row is stored `stride` bytes apart, the bytes past k zero.
+struct Quantized {
+  std::vector<uint8_t> values;
+  float scale;
+  int32_t zero;
+};
+
+static Quantized quantize_rows(const torch::Tensor& rows, int64_t stride) {
+  const int64_t m = rows.size(0), k = rows.size(1);
+  const float* X = rows.data_ptr<float>();
+  float lo = 0.f, hi = 0.f;
+  for (int64_t i = 0; i < m * k; ++i) lo = std::min(lo, X[i]), hi = std::max(hi, X[i]);
+  double scale = (double(hi) - lo) / 127;
+  if (float(scale) == 0.f || std::isinf(1.f / float(scale))) scale = 0.1;
+  const int32_t zero = std::clamp(int32_t(std::nearbyint(-lo / scale)), 0, 127);
+  const float inverse = 1.f / float(scale);
+  std::vector<uint8_t> values(m * stride, 0);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t value = int32_t(std::nearbyint(std::fma(X[r * k + i], inverse, float(zero))));
+      values[r * stride + i] = uint8_t(std::clamp(value, 0, 255));
+    }
+  return {std::move(values), float(scale), zero};
+}
+
 torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32; weight: (n, k) int8 contiguous, row o is W[o] / scales[o] rounded; sums: (n) int32, the
@@ -89,17 +119,9 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
               "matvec_int8: one float32 scale and one int32 sum per row of the weight");
   const torch::Tensor rows = x.contiguous();
   const int64_t m = rows.size(0), k = rows.size(1);
-  const float* X = rows.data_ptr<float>();
-  // the rows' quantization: fbgemm's with reduce_range (qmin 0, qmax 127; the range always holds 0)
-  float lo = 0.f, hi = 0.f;
-  for (int64_t i = 0; i < m * k; ++i) lo = std::min(lo, X[i]), hi = std::max(hi, X[i]);
-  double scale = (double(hi) - lo) / 127;
-  if (float(scale) == 0.f || std::isinf(1.f / float(scale))) scale = 0.1;
-  const int32_t zero = std::clamp(int32_t(std::nearbyint(-lo / scale)), 0, 127);
-  const float inverse = 1.f / float(scale);
-  std::vector<uint8_t> quantized(m * k);
-  for (int64_t i = 0; i < m * k; ++i)
-    quantized[i] = uint8_t(std::clamp(zero + int32_t(std::nearbyint(X[i] * inverse)), 0, 127));
+  const Quantized quantized = quantize_rows(rows, k);
+  const float scale = quantized.scale;
+  const int32_t zero = quantized.zero;
 
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;
@@ -109,7 +131,7 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
     TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matvec_int8: the bias must be float32, one per row of W");
     B = b.data_ptr<float>();
   }
-  const uint8_t* Q = quantized.data();
+  const uint8_t* Q = quantized.values.data();
   const int8_t* W = weight.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
   const int32_t* Z = sums.data_ptr<int32_t>();
@@ -117,7 +139,7 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o)
       for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
-        const float value = float(scale) * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
+        const float value = scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
         Y[r * n + o] = B ? value + B[o] : value;
       }
   });
@@ -190,6 +212,85 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
 #endif
 }
 
+// The same for int8 weights: panels of 16 rows in VNNI's layout, (n / 16, k / 4, 16, 4): each 64
+// bytes hold 4 consecutive weights of each of 16 rows, so that vpdpbusd multiplies them by 4 bytes
+// of a row of x broadcast to every lane and adds each lane's 4 products to its row's int32 sum.
+// The rows are quantized as matvec_int8 quantizes them, and the sums are the same integers.
+
+#ifdef __AVX512VNNI__
+template <int M>
+static void int8_panel_product(const uint8_t* __restrict Q, int64_t stride, const int8_t* __restrict panel,
+                               float* __restrict Y, int64_t n, int64_t first, float scale, int32_t zero,
+                               const float* S, const int32_t* Z, const float* B) {
+  __m512i acc[M];
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < stride / 4; ++g) {
+    const __m512i w = _mm512_loadu_si512(panel + g * 64);
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) {
+      int32_t four;
+      std::memcpy(&four, Q + r * stride + 4 * g, 4);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), w);
+    }
+  }
+  const int64_t valid = std::min<int64_t>(16, n - first);
+  const __mmask16 mask = __mmask16((1u << valid) - 1);
+  const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_maskz_loadu_ps(mask, S + first));
+  const __m512i zeros = _mm512_mullo_epi32(_mm512_set1_epi32(zero), _mm512_maskz_loadu_epi32(mask, Z + first));
+  const __m512 b = B ? _mm512_maskz_loadu_ps(mask, B + first) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) {
+    const __m512 value = _mm512_mul_ps(scales, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], zeros)));
+    _mm512_mask_storeu_ps(Y + r * n + first, mask, B ? _mm512_add_ps(value, b) : value);
+  }
+}
+#endif
+
+torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
+                                 const torch::Tensor& scales, const torch::Tensor& sums,
+                                 const std::optional<torch::Tensor>& bias) {
+  // x: (m <= 16, k) float32; panels: (ceil(n / 16), ceil(k / 4), 16, 4) int8; scales, sums, bias as matvec_int8's.
+#ifdef __AVX512VNNI__
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_int8_panels: (m <= 16, k) float32");
+  const int64_t groups = (x.size(1) + 3) / 4;
+  TORCH_CHECK(panels.dim() == 4 && panels.is_contiguous() && panels.scalar_type() == at::kChar &&
+              panels.size(0) == (n + 15) / 16 && panels.size(1) == groups && panels.size(2) == 16 && panels.size(3) == 4,
+              "matmul_int8_panels: panels (ceil(n / 16), ceil(k / 4), 16, 4) int8");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n &&
+              sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n,
+              "matmul_int8_panels: one float32 scale and one int32 sum per row of the weight");
+  const torch::Tensor rows = x.contiguous();
+  const int64_t m = rows.size(0), stride = 4 * groups, count = panels.size(0);
+  const Quantized quantized = quantize_rows(rows, stride);
+  torch::Tensor y = torch::empty({m, n}, rows.options());
+  torch::Tensor b;
+  const float* B = nullptr;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matmul_int8_panels: the bias must be float32, one per row");
+    B = b.data_ptr<float>();
+  }
+  const uint8_t* Q = quantized.values.data();
+  const int8_t* P = panels.data_ptr<int8_t>();
+  const float* S = scales.data_ptr<float>();
+  const int32_t* Z = sums.data_ptr<int32_t>();
+  float* Y = y.data_ptr<float>();
+  switch (m) {
+#define ROWS(M) case M: at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) { \
+      for (int64_t p = begin; p < end; ++p) \
+        int8_panel_product<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
+    }); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+  }
+  return y;
+#else
+  TORCH_CHECK(false, "matmul_int8_panels: compiled without AVX-512 VNNI");
+#endif
+}
+
 // Two more of a decoding step's small operations, which as PyTorch expressions cost several calls
 // each (a few microseconds apiece) for a few hundred numbers.
 
@@ -248,9 +349,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows");
   module.def("rotate_", &rotate_, "RoPE on the first heads of each position, in place");
   module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows");
+  module.def("matmul_int8_panels", &matmul_int8_panels, "matvec_int8's product for up to 16 rows, W in VNNI panels");
 #ifdef __AVX512F__
   module.attr("avx512") = true;
 #else
   module.attr("avx512") = false;
+#endif
+#ifdef __AVX512VNNI__
+  module.attr("avx512_vnni") = true;
+#else
+  module.attr("avx512_vnni") = false;
 #endif
 }

@@ -1,22 +1,28 @@
-"""The linear layers of decoding on a CPU: one row (or a beam of a few) times each weight matrix.
+"""The small products of decoding on a CPU: a few rows (one, a beam, a batch of up to 16) times
+each weight matrix, and the step's normalisations and rotations.
 
 Generating a token multiplies a few rows by every weight of the model, so its time is the time to
 read the weights from memory. PyTorch's CPU product (``F.linear``, through MKL) reads them at 9-10
 GB/s on the 2-core machine of docs/results.md whatever the thread count, llama.cpp at about 22;
 ``matvec.cpp``, a dot product per weight row with the rows split over torch's threads, reads them
-at 18-22 GB/s on one thread and 24-28 on two (``python benchmarks/matvec.py``). It is compiled by
-``torch.utils.cpp_extension`` on first use (about a minute, once; cached under
-~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where it applies: float32 on
-the CPU, at most ``MAX_ROWS`` rows, nothing to differentiate, not while tracing or exporting.
-Everything else, and every machine where it does not compile (one warning says why), goes to
+at 18-22 GB/s on one thread and 24-28 on two (``python benchmarks/matvec.py``). From 6 to 16 rows
+the product is bound by arithmetic instead, and ``matmul_panels`` (AVX-512) does it on a copy of the
+weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that weight in
+memory): 1.5× ``F.linear``'s GFLOP/s at 16 rows, 2.2× at 8 (``--rows 16``, ``--rows 8``).
+
+The kernels are compiled by ``torch.utils.cpp_extension`` on first use (about a minute, once; cached
+under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where they apply: float32
+on the CPU, at most ``PANEL_ROWS`` rows, nothing to differentiate, not while tracing or exporting.
+Everything else, and every machine where they do not compile (one warning says why), goes to
 ``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the environment. Both sum the same
 products in different orders: outputs agree to float32 rounding.
 
-Its int8 twin (``int8_linear``, for nn/quantize.py's layers) computes what PyTorch's dynamic int8
-linear computes, in the same int32 sums, reading a quarter of the bytes: 1.3-2× fbgemm's speed at
-one row (``python benchmarks/matvec.py --int8``). Two more kernels do in one call what PyTorch does
-in several for a decoding step's few numbers: ``RMSNorm`` and ``rotate_`` (RoPE on the queries and
-keys in place); with them a SmolLM-shaped step takes about a fifth less time at batch 1 in int8.
+The int8 twin (``int8_linear``, for nn/quantize.py's layers, up to ``MAX_ROWS`` rows) computes what
+PyTorch's dynamic int8 linear computes, in the same int32 sums, reading a quarter of the bytes:
+1.3-2× fbgemm's speed at one row (``python benchmarks/matvec.py --int8``). Two more kernels do in
+one call what PyTorch does in several for a decoding step's few numbers: ``RMSNorm`` and ``rotate_``
+(RoPE on the queries and keys in place); with them a SmolLM-shaped step takes about a fifth less
+time at batch 1 in int8.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ _kernel_int8 = None
 _rms_norm = None
 _rotate = None
 _panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512
+_int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI
 _tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
@@ -47,7 +54,7 @@ SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding ste
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _tried
+    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _tried
     if _tried:
         return _kernel
     with _lock:
@@ -69,6 +76,7 @@ def kernel():
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
                     module.rotate_
                 _panels_kernel = module.matmul_panels if module.avx512 else None
+                _int8_panels_kernel = module.matmul_int8_panels if module.avx512_vnni else None
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
                             "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
@@ -113,14 +121,28 @@ def panels(weight: Tensor) -> Tensor:
     return made
 
 
+def _panels_of(weight: Tensor) -> Tensor | None:
+    """``panels(weight)``; for rows ``start:stop`` of a larger matrix (cross-attention's projections),
+    the whole matrix's panels that hold them where ``start`` is a multiple of 16 (the last panel may
+    hold rows past ``stop``: the kernel stores ``stop − start`` outputs only), else None."""
+    base = weight._base
+    if base is None:
+        return panels(weight)
+    if base.dim() == 2 and base.is_contiguous() and base.size(1) == weight.size(1):
+        start, rest = divmod(weight.data_ptr() - base.data_ptr(), weight.element_size() * weight.size(1))
+        if rest == 0 and start % 16 == 0:
+            return panels(base)[start // 16: start // 16 + -(-weight.size(0) // 16)]
+    return None
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
     if _applies(x, weight, bias) and kernel() is not None:
         rows = x.reshape(-1, x.size(-1))
         if rows.size(0) <= MAX_ROWS:
             out = _kernel(rows, weight, bias)
-        elif _panels_kernel is not None:
-            out = _panels_kernel(rows, panels(weight), weight.size(0), bias)
+        elif _panels_kernel is not None and (laid_out := _panels_of(weight)) is not None:
+            out = _panels_kernel(rows, laid_out, weight.size(0), bias)
         else:
             return F.linear(x, weight, bias)
         return out.view(*x.shape[:-1], weight.size(0))
@@ -128,12 +150,31 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: Tensor | None) -> Tensor | None:
-    """The int8 kernel's ``x Wᵀ + b`` for float32 rows ``x`` (rows, k), ``W = weight * scales[:, None]``
-    (``weight`` int8, ``sums`` its rows' int32 sums), or None where it does not apply (many rows, another
-    device, tracing, switched off): the caller then runs PyTorch's ``linear_dynamic``."""
-    if _few_rows(x) and kernel() is not None and _kernel_int8 is not None:
+    """The int8 kernels' ``x Wᵀ + b`` for float32 rows ``x`` (rows, k), ``W = weight * scales[:, None]``
+    (``weight`` int8, ``sums`` its rows' int32 sums): up to ``MAX_ROWS`` rows by dot products, up to
+    ``PANEL_ROWS`` on ``int8_panels(weight)`` (AVX-512 VNNI). None where neither applies (more rows,
+    another device, tracing, switched off): the caller then runs PyTorch's ``linear_dynamic``."""
+    if not (_few_rows(x, PANEL_ROWS) and kernel() is not None):
+        return None
+    if x.size(0) <= MAX_ROWS and _kernel_int8 is not None:
         return _kernel_int8(x, weight, scales, sums, bias)
+    if _int8_panels_kernel is not None:
+        return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
     return None
+
+
+def int8_panels(weight: Tensor) -> Tensor:
+    """An int8 ``weight`` (n, k) in VNNI's panels, (ceil(n / 16), ceil(k / 4), 16, 4): 4 consecutive
+    weights of each of 16 rows in every 64 bytes, zeros padding rows and columns. Made on first use
+    and kept on the weight (int8 weights do not change)."""
+    kept = getattr(weight, "_atencion_panels", None)
+    if kept is None:
+        n, k = weight.shape
+        padded = weight.new_zeros(-(-n // 16) * 16, -(-k // 4) * 4)
+        padded[:n, :k] = weight
+        kept = padded.view(-1, 16, padded.size(1) // 4, 4).transpose(1, 2).contiguous()
+        weight._atencion_panels = kept
+    return kept
 
 
 class Linear(nn.Linear):
