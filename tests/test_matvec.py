@@ -275,3 +275,17 @@ def test_rows_of_a_larger_matrix_use_its_panels_where_they_start_a_panel(panels_
             torch.testing.assert_close(matvec.linear(x, weight[start:stop]), F.linear(x, weight[start:stop]),
                                        rtol=1e-5, atol=1e-5)
     assert made == [(96, 24)] * 3  # the whole matrix's panels each time, never a slice's
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_panels_are_made_again_after_an_optimizer_step(panels_kernel, fused):
+    """Fused Adam writes the weights without bumping their version: the panels follow every step."""
+    layer = matvec.Linear(32, 40)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.1, fused=fused)
+    x = torch.randn(8, 32)
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        layer(x).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()

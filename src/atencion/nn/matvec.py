@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +102,35 @@ def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     return _few_rows(x, PANEL_ROWS) and _inference(*tensors) and weight.is_contiguous()
 
 
+_steps = 0  # optimizer steps taken in this process: fused Adam changes weights without bumping their _version
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    global _steps
+    _steps += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
 def panels(weight: Tensor) -> Tensor:
     """``weight`` (n, k) in panels of 16 rows stored column by column, (ceil(n / 16), k, 16), zero
     rows padding the last: the layout of ``matmul_panels``. Made on first use and kept on the
     weight (a second copy of it: memory for speed, and only where 6-16 rows are multiplied); made
-    again when the weight changes."""
+    again when the weight changes: its version, or any optimizer's step since (fused Adam writes
+    weights without bumping their version)."""
     try:
         version = weight._version
     except RuntimeError:  # an inference tensor keeps no version: the one made first stays
         version = None
     kept = getattr(weight, "_atencion_panels", None)
-    if kept is not None and kept[0] == version and kept[1] == weight.data_ptr():
+    if kept is not None and kept[0] == (version, _steps) and kept[1] == weight.data_ptr():
         return kept[2]
     n, k = weight.shape
     padded = weight.new_zeros(-(-n // 16) * 16, k)
     padded[:n] = weight
     made = padded.view(-1, 16, k).transpose(1, 2).contiguous()
-    weight._atencion_panels = (version, weight.data_ptr(), made)
+    weight._atencion_panels = ((version, _steps), weight.data_ptr(), made)
     return made
 
 
