@@ -25,6 +25,15 @@
 #include <immintrin.h>
 #endif
 
+// The bias' floats (n of them, made contiguous into `kept`), or null without a bias.
+static const float* bias_data(const std::optional<torch::Tensor>& bias, int64_t n, torch::Tensor& kept,
+                              const char* name) {
+  if (!bias.has_value()) return nullptr;
+  kept = bias->contiguous();
+  TORCH_CHECK(kept.scalar_type() == at::kFloat && kept.numel() == n, name, ": the bias must be float32, one per row of W");
+  return kept.data_ptr<float>();
+}
+
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (m, n).
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec: shapes (m, k) and (n, k)");
@@ -35,13 +44,8 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const 
   torch::Tensor y = torch::empty({m, n}, rows.options());
   const float* X = rows.data_ptr<float>();
   const float* W = weight.data_ptr<float>();
-  const float* B = nullptr;
-  torch::Tensor b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matvec: the bias must be float32, one per row of W");
-    B = b.data_ptr<float>();
-  }
+  torch::Tensor b;  // the bias made contiguous, alive while B is read
+  const float* B = bias_data(bias, n, b, "matvec");
   float* Y = y.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
@@ -124,13 +128,8 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
   const int32_t zero = quantized.zero;
 
   torch::Tensor y = torch::empty({m, n}, rows.options());
-  torch::Tensor b;
-  const float* B = nullptr;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matvec_int8: the bias must be float32, one per row of W");
-    B = b.data_ptr<float>();
-  }
+  torch::Tensor b;  // the bias made contiguous, alive while B is read
+  const float* B = bias_data(bias, n, b, "matvec_int8");
   const uint8_t* Q = quantized.values.data();
   const int8_t* W = weight.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
@@ -191,13 +190,8 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
   const torch::Tensor rows = x.contiguous();
   const int64_t m = rows.size(0), k = rows.size(1), count = panels.size(0);
   torch::Tensor y = torch::empty({m, n}, rows.options());
-  torch::Tensor b;
-  const float* B = nullptr;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matmul_panels: the bias must be float32, one per row of W");
-    B = b.data_ptr<float>();
-  }
+  torch::Tensor b;  // the bias made contiguous, alive while B is read
+  const float* B = bias_data(bias, n, b, "matmul_panels");
   const float *X = rows.data_ptr<float>(), *P = panels.data_ptr<float>();
   float* Y = y.data_ptr<float>();
   switch (m) {
@@ -264,13 +258,8 @@ torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& pa
   const int64_t m = rows.size(0), stride = 4 * groups, count = panels.size(0);
   const Quantized quantized = quantize_rows(rows, stride);
   torch::Tensor y = torch::empty({m, n}, rows.options());
-  torch::Tensor b;
-  const float* B = nullptr;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "matmul_int8_panels: the bias must be float32, one per row");
-    B = b.data_ptr<float>();
-  }
+  torch::Tensor b;  // the bias made contiguous, alive while B is read
+  const float* B = bias_data(bias, n, b, "matmul_int8_panels");
   const uint8_t* Q = quantized.values.data();
   const int8_t* P = panels.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
