@@ -16,7 +16,8 @@ docs/results.md compares the figure with llama.cpp's about 22 GB/s on the same w
     python benchmarks/matvec.py --threads 1,2,4 --rounds 7
     python benchmarks/matvec.py --rows 5         # a beam of 5
     python benchmarks/matvec.py --rows 16        # a batch of 16
-    python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernel
+    python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernels
+                                                 # (dot products; VNNI panels, which int8 decoding uses)
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ def int8_main(args, weights, rows) -> None:
         ways["atencion's int8 kernel"] = [(lambda q=q: matvec._kernel_int8(rows[q._int8.size(1)], q._int8, q._scales,
                                                                             q._sums, None), s)
                                           for q, s in zip(layers, size)]
+        if matvec._int8_panels_kernel is not None:
+            laid_out = [matvec.int8_panels(q._int8) for q in layers]
+            ways["atencion's int8 panels"] = [(lambda q=q, p=p: matvec._int8_panels_kernel(
+                rows[q._int8.size(1)], p, q._int8.size(0), q._scales, q._sums, None), s)
+                for q, p, s in zip(layers, laid_out, size)]
     report(ways, args, f"{sum(size) / 1e6:.0f} MB of int8 weights")
 
 

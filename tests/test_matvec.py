@@ -75,8 +75,8 @@ def test_switched_off_by_the_environment_f_linear_alone(monkeypatch):
 def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
     torch.manual_seed(0)
     cfg = small_config(arch="decoder", dropout=0.0, norm="rmsnorm", norm_first=True, positional="rope",
-                       activation="swiglu", n_heads=4, n_kv_heads=2, bias=False)
-    model = Transformer(cfg).eval()
+                       activation="swiglu", d_model=64, d_ff=128, n_heads=4, n_kv_heads=2, bias=False)
+    model = Transformer(cfg).eval()  # d_k 16: attend_one applies
     prompt = torch.randint(4, cfg.vocab_size, (3, 6))
 
     def greedy(steps: int = 12):
@@ -90,12 +90,13 @@ def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
         return ids, torch.stack(logits, 1)
 
     calls = []
-    for name in ("_kernel", "_rms_norm", "_rotate"):
+    names = ("_kernel", "_rms_norm", "_rotate") + (("_attend_one",) if matvec._attend_one is not None else ())
+    for name in names:
         compiled = getattr(matvec, name)
         monkeypatch.setattr(matvec, name, lambda *a, name=name, compiled=compiled: calls.append(name) or compiled(*a))
     with_kernel = greedy()
-    assert set(calls) == {"_kernel", "_rms_norm", "_rotate"}  # the three rows of each step went through them
-    for name in ("_kernel", "_rms_norm", "_rotate"):
+    assert set(calls) == set(names)  # the three rows of each step went through them
+    for name in names:
         monkeypatch.setattr(matvec, name, None)
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
@@ -143,17 +144,18 @@ def test_int8_layers_use_the_kernels_for_up_to_16_rows_and_fbgemm_for_more(kerne
         few = layer(torch.ones(2, 1, 32))
         more = layer(torch.ones(matvec.PANEL_ROWS, 32))
         many = layer(torch.ones(matvec.PANEL_ROWS + 1, 32))
-    assert calls == [("dots", 2)] + ([("panels", matvec.PANEL_ROWS)] if panels is not None else [])
+    # with AVX-512 VNNI the panels take every count up to 16 (faster from one row on); the dot products otherwise
+    assert calls == ([("panels", 2), ("panels", matvec.PANEL_ROWS)] if panels is not None else [("dots", 2)])
     assert few.shape == (2, 1, 64)
     torch.testing.assert_close(few[:, 0], many[:2], rtol=1e-6, atol=1e-6)  # fbgemm's rows: the same values
     torch.testing.assert_close(more, many[:-1], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [matvec.MAX_ROWS + 1, 11, matvec.PANEL_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, matvec.MAX_ROWS + 1, 11, matvec.PANEL_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_int8_panels_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_int8, rows, bias):
     if matvec._int8_panels_kernel is None:
-        pytest.skip("the kernel was compiled without AVX-512 VNNI: 6-16 rows go to fbgemm")
+        pytest.skip("the kernel was compiled without AVX-512 VNNI: the dot products or fbgemm")
     layer = int8_layer(1001, 577, bias, rows)  # 1001 rows, 577 columns: padding in both
     generator = torch.Generator().manual_seed(20 + rows)
     for x in (torch.randn(rows, 577, generator=generator), torch.rand(rows, 577, generator=generator) + 0.5,
@@ -183,11 +185,15 @@ def test_an_int8_decoder_generates_the_same_with_and_without_it(kernel_int8, mon
         return ids, step
 
     calls = []
-    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(1) or kernel_int8(*a))
+    kernels = [name for name in ("_kernel_int8", "_int8_panels_kernel") if getattr(matvec, name) is not None]
+    for name in kernels:
+        compiled = getattr(matvec, name)
+        monkeypatch.setattr(matvec, name, lambda *a, compiled=compiled: calls.append(1) or compiled(*a))
     with_kernel = greedy()
     assert calls
-    monkeypatch.setattr(matvec, "_kernel_int8", None)
-    without = greedy()
+    for name in kernels:
+        monkeypatch.setattr(matvec, name, None)
+    without = greedy()  # fbgemm's
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
 
@@ -289,3 +295,52 @@ def test_panels_are_made_again_after_an_optimizer_step(panels_kernel, fused):
         layer(x).square().sum().backward()
         optimizer.step()
         optimizer.zero_grad()
+
+
+@pytest.fixture(scope="module")
+def attend_kernel(kernel):
+    if matvec._attend_one is None:
+        pytest.skip("the kernel was compiled without AVX-512: attention goes to PyTorch's")
+    return matvec._attend_one
+
+
+@pytest.mark.parametrize("shape", [(16, 9, 3, 120, 64), (1, 4, 4, 1, 32), (3, 8, 1, 17, 16), (2, 6, 2, 33, 48),
+                                   (2, 2, 2, 300, 256)])
+def test_one_query_attends_as_torchs_attention_does(attend_kernel, shape):
+    b, h, g, length, d = shape  # GQA (g < h), multi-query (g = 1), one key, 17 keys (a partial block of 16)
+    generator = torch.Generator().manual_seed(length)
+    q = torch.randn(b, h, 1, d, generator=generator)
+    k = torch.randn(b, g, length, d, generator=generator) * 3  # peaked weights
+    v = torch.randn(b, g, length, d, generator=generator)
+    got = matvec.attend_one(q, k, v, None)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=g != h), rtol=1e-5, atol=1e-5)
+    assert got.transpose(1, 2).is_contiguous()  # the heads side by side: the output projection's input as a view
+    torch.testing.assert_close(matvec.attend_one(q, k, v, 0.5),
+                               F.scaled_dot_product_attention(q, k, v, scale=0.5, enable_gqa=g != h),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_one_query_attends_over_strided_views_of_a_cache(attend_kernel):
+    generator = torch.Generator().manual_seed(0)
+    projected = torch.randn(4, 1, (6 + 2 * 2) * 32, generator=generator)  # in_proj's output: q, k, v side by side
+    q = projected[..., :192].view(4, 1, 6, 32).transpose(1, 2)
+    buffers = torch.randn(2, 4, 2, 50, 32, generator=generator)  # room for 50 keys, 37 written
+    k, v = buffers[0, :, :, :37], buffers[1, :, :, :37]
+    torch.testing.assert_close(matvec.attend_one(q, k, v, None),
+                               F.scaled_dot_product_attention(q, k.contiguous(), v.contiguous(), enable_gqa=True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_attention_uses_the_kernel_for_one_query_without_a_mask_only(attend_kernel, monkeypatch):
+    from atencion.nn.attention import scaled_dot_product_attention
+
+    calls = []
+    monkeypatch.setattr(matvec, "_attend_one", lambda *a: calls.append(a[0].shape) or attend_kernel(*a))
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 5, 16)
+    scaled_dot_product_attention(q, k, k)
+    assert len(calls) == 1
+    scaled_dot_product_attention(q, k, k, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))  # a mask: torch's
+    scaled_dot_product_attention(torch.randn(2, 4, 3, 16), k, k)  # three queries: torch's
+    scaled_dot_product_attention(q, k, k, need_weights=True)  # the weights asked for: the explicit path
+    scaled_dot_product_attention(q.requires_grad_(), k, k)  # a gradient to follow: torch's
+    assert len(calls) == 1

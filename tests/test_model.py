@@ -92,6 +92,38 @@ def test_incremental_decoding_with_kv_cache_equals_full_forward(overrides):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_the_kv_cache_writes_steps_into_room_and_keeps_what_cat_would():
+    from atencion.nn.cache import KVCache
+
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.randn(2, 3, n, 4, generator=generator) for n in (5, 1, 1, 2, 1)]
+    cache, expected = KVCache(), None
+    with torch.no_grad():
+        for i, step in enumerate(steps):
+            k, v = cache.append(step, -step)
+            expected = step if expected is None else torch.cat([expected, step], dim=2)
+            assert torch.equal(k, expected) and torch.equal(v, -expected) and len(cache) == expected.size(2)
+            if i == 2:  # from the third step on, the keys live in one buffer with room for more
+                room = k.data_ptr()
+        assert k.data_ptr() == room  # no copy since
+        cache.truncate(6)  # speculative decoding forgets the last keys: the next step writes over them
+        k, _ = cache.append(steps[1], steps[1])
+        assert torch.equal(k, torch.cat([expected[:, :, :6], steps[1]], dim=2)) and k.data_ptr() == room
+        cache.reorder(torch.tensor([1]))  # a sentence leaves the batch: a new buffer from the next step
+        k, _ = cache.append(steps[2][1:], steps[2][1:])
+        assert torch.equal(k, torch.cat([expected[1:, :, :6], steps[1][1:], steps[2][1:]], dim=2))
+        outside = torch.zeros(2, 3, 8, 4)
+        cache.k, cache.v = outside[:, :, :5], outside[:, :, :5]  # set from outside (the ONNX export does it)
+        k, _ = cache.append(steps[1], steps[1])  # copied into room of its own, not written into the tensor given
+        assert torch.equal(k, torch.cat([outside[:, :, :5], steps[1]], dim=2)) and not outside.any()
+    leaf = torch.randn(2, 3, 1, 4, requires_grad=True)  # under autograd: concatenated, the gradient flows
+    cache = KVCache()
+    cache.append(steps[0], steps[0])
+    k, _ = cache.append(leaf, leaf)
+    k.sum().backward()
+    assert torch.equal(leaf.grad, torch.ones_like(leaf))
+
+
 def test_decoder_state_reorder_selects_batch_rows():
     model = small_model()
     src, tgt = random_batch(model.cfg)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import AtencionError
 from .cache import KVCache, Packing
-from .matvec import Linear, linear, rotate_
+from .matvec import Linear, attend_one, linear, rotate_
 from .positional import rotate_half
 
 
@@ -51,6 +51,8 @@ def scaled_dot_product_attention(
     if need_weights:
         return _explicit_attention(q, k, v, mask, dropout_p, bias, scale)
     grouped = k.size(1) != q.size(1)
+    if mask is None and bias is None and dropout_p == 0.0 and (out := attend_one(q, k, v, scale)) is not None:
+        return out, None  # a generation step on the CPU: one query per head
     if mask is None:
         attn_mask = None if bias is None else bias.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,

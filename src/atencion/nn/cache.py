@@ -37,17 +37,37 @@ class KVCache:
     def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self._room: tuple[Tensor, Tensor] | None = None  # buffers whose first keys are k and v
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.size(2)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k and v with the new keys and values after them. Outside autograd they are views of
+        buffers with room for more (doubled when full), so that a generation step writes its own
+        keys only instead of copying the whole cache; ``k`` and ``v`` as set from outside, or cut
+        by ``truncate`` and ``reorder``, are copied into new buffers at the next step."""
         if self.k is None:
             self.k, self.v = k, v
-        else:
+        elif torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad):
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
+        else:
+            start, end = self.k.size(2), self.k.size(2) + k.size(2)
+            if not (self._room is not None and self._holds(self._room[0], self.k, end)
+                    and self._holds(self._room[1], self.v, end)):
+                capacity = max(2 * end, 64)
+                self._room = tuple(old.new_empty(*old.shape[:2], capacity, old.size(3)) for old in (self.k, self.v))
+                self._room[0][:, :, :start], self._room[1][:, :, :start] = self.k, self.v
+            self._room[0][:, :, start:end], self._room[1][:, :, start:end] = k, v
+            self.k, self.v = self._room[0][:, :, :end], self._room[1][:, :, :end]
         return self.k, self.v
+
+    @staticmethod
+    def _holds(buffer: Tensor, kept: Tensor, end: int) -> bool:
+        """Whether ``kept`` is the first keys of ``buffer`` and the buffer has room up to ``end``."""
+        return (kept.data_ptr() == buffer.data_ptr() and kept.stride() == buffer.stride()
+                and kept.shape[:2] == buffer.shape[:2] and kept.dtype == buffer.dtype and end <= buffer.size(2))
 
     def truncate(self, length: int) -> None:
         """Keep the keys and values of the first ``length`` positions only."""

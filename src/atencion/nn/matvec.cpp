@@ -34,6 +34,16 @@ static const float* bias_data(const std::optional<torch::Tensor>& bias, int64_t 
   return kept.data_ptr<float>();
 }
 
+// Asks for the `bytes` that follow a row of W (the rows read next) PREFETCH bytes ahead, a cache line at a time,
+// so that they are on their way from memory while this row is multiplied.
+#ifndef PREFETCH
+#define PREFETCH 2048
+#endif
+static inline void prefetch_ahead(const void* row, int64_t bytes) {
+  const char* start = static_cast<const char*>(row) + PREFETCH;
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(start + i);
+}
+
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (m, n).
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec: shapes (m, k) and (n, k)");
@@ -136,11 +146,13 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
   const int32_t* Z = sums.data_ptr<int32_t>();
   float* Y = y.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o)
+    for (int64_t o = begin; o < end; ++o) {
+      prefetch_ahead(W + o * k, k);
       for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
         const float value = scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
         Y[r * n + o] = B ? value + B[o] : value;
       }
+    }
   });
   return y;
 }
@@ -159,6 +171,7 @@ static void panel_product(const float* __restrict X, int64_t k, const float* __r
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(panel + i * 16) + PREFETCH, _MM_HINT_T0);
     const __m512 w = _mm512_loadu_ps(panel + i * 16);
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(X[r * k + i]), w, acc[r]);
@@ -212,6 +225,12 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
 // The rows are quantized as matvec_int8 quantizes them, and the sums are the same integers.
 
 #ifdef __AVX512VNNI__
+// acc += the byte products of u (unsigned) and s (signed), summed in fours, written in place: with the
+// intrinsic, gcc copies every accumulator to another register (and some to the stack) each step.
+static inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [s] "v"(s));
+}
+
 template <int M>
 static void int8_panel_product(const uint8_t* __restrict Q, int64_t stride, const int8_t* __restrict panel,
                                float* __restrict Y, int64_t n, int64_t first, float scale, int32_t zero,
@@ -220,12 +239,13 @@ static void int8_panel_product(const uint8_t* __restrict Q, int64_t stride, cons
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_si512();
   for (int64_t g = 0; g < stride / 4; ++g) {
+    _mm_prefetch(reinterpret_cast<const char*>(panel + g * 64 + PREFETCH), _MM_HINT_T0);
     const __m512i w = _mm512_loadu_si512(panel + g * 64);
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) {
       int32_t four;
       std::memcpy(&four, Q + r * stride + 4 * g, 4);
-      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), w);
+      dpbusd(acc[r], _mm512_set1_epi32(four), w);
     }
   }
   const int64_t valid = std::min<int64_t>(16, n - first);
@@ -332,7 +352,106 @@ void rotate_(torch::Tensor& x, int64_t heads, int64_t d_k, const torch::Tensor& 
   }
 }
 
+// Attention of one new query per head over the cache, the step of generation (eq. (1) for a single
+// query): for each row and key/value head, the scores of its query heads (several share one key/value
+// head in grouped-query attention) against every cached key, their softmax, and the weighted sum of
+// the values, in one pass over the cache with no copy of it. PyTorch's fused kernel spends most of
+// its time on the blocking it does for many queries.
+
+#ifdef __AVX512F__
+// e^x for x <= 0 (scores less their maximum): 2^n · e^r with n = round(x / ln 2), |r| <= ln 2 / 2,
+// e^r by its Taylor series to r^7 (relative error below 1e-8 before float32 rounding).
+static inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));  // e^-104 is below float32's least subnormal: 0 from scalef
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+#ifdef __AVX512F__
+// One row's key/value head: the scores of its `per` query heads against the T keys (each query held in
+// registers, D vectors of 16), their softmax, and each head's weighted sum of the values, summed in
+// registers. The keys and values (T · d floats each) are read from memory once and then from the cache.
+template <int D>
+static void attend_pair(const float* queries, int64_t q_step, int64_t per, const float* keys, int64_t k_step,
+                        const float* values, int64_t v_step, int64_t T, float factor, float* weights, float* outputs) {
+  for (int64_t j = 0; j < per; ++j) {
+    __m512 query[D];
+    for (int c = 0; c < D; ++c) query[c] = _mm512_mul_ps(_mm512_loadu_ps(queries + j * q_step + 16 * c), _mm512_set1_ps(factor));
+    float* w = weights + j * T;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* key = keys + t * k_step;
+      __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(key));
+      for (int c = 1; c < D; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(key + 16 * c), dot);
+      w[t] = _mm512_reduce_add_ps(dot);
+    }
+    const float top = *std::max_element(w, w + T);  // softmax over the T scores
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < T; t += 16) {
+      const __mmask16 mask = T - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (T - t)) - 1);
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, w + t), _mm512_set1_ps(top)));
+      _mm512_mask_storeu_ps(w + t, mask, e);
+      total = _mm512_mask_add_ps(total, mask, total, e);
+    }
+    const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+    __m512 out[D];
+    for (int c = 0; c < D; ++c) out[c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) {
+      const __m512 weight = _mm512_set1_ps(w[t]);
+      const float* value = values + t * v_step;
+      for (int c = 0; c < D; ++c) out[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * c), out[c]);
+    }
+    for (int c = 0; c < D; ++c) _mm512_storeu_ps(outputs + j * 16 * D + 16 * c, _mm512_mul_ps(out[c], inverse));
+  }
+}
+#endif
+
+torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale) {
+  // q: (b, h, 1, d); k, v: (b, g, T, d), g dividing h, query head j reading key/value head j / (h / g); any
+  // strides but 1 along d; d a multiple of 16 up to 256. Returns (b, h, 1, d), laid out as (b, 1, h, d) (the
+  // heads side by side).
+#ifdef __AVX512F__
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == k.size(0) && q.size(2) == 1 &&
+              q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 && k.size(2) > 0,
+              "attend_one: q (b, h, 1, d), k and v (b, g, T, d) with g dividing h");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+              q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "attend_one: float32, contiguous along d");
+  TORCH_CHECK(q.size(3) % 16 == 0 && q.size(3) <= 256, "attend_one: d a multiple of 16, at most 256");
+  const int64_t b = q.size(0), h = q.size(1), d = q.size(3), g = k.size(1), T = k.size(2), per = h / g;
+  torch::Tensor out = torch::empty({b, 1, h, d}, q.options());
+  const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  const float factor = float(scale);
+  at::parallel_for(0, b * g, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> weights(per * T);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t row = pair / g, head = pair % g;
+      const float* queries = Q + row * q.stride(0) + head * per * q.stride(1);
+      const float* keys = K + row * k.stride(0) + head * k.stride(1);
+      const float* values = V + row * v.stride(0) + head * v.stride(1);
+      float* outputs = O + (row * h + head * per) * d;
+      switch (d / 16) {
+#define HEAD(D) case D: attend_pair<D>(queries, q.stride(1), per, keys, k.stride(2), values, v.stride(2), T, factor, \
+                                       weights.data(), outputs); break;
+        HEAD(1) HEAD(2) HEAD(3) HEAD(4) HEAD(5) HEAD(6) HEAD(7) HEAD(8)
+        HEAD(9) HEAD(10) HEAD(11) HEAD(12) HEAD(13) HEAD(14) HEAD(15) HEAD(16)
+#undef HEAD
+      }
+    }
+  });
+  return out.transpose(1, 2);
+#else
+  TORCH_CHECK(false, "attend_one: compiled without AVX-512");
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("attend_one", &attend_one, "attention of one query per head over a cache");
   module.def("matvec", &matvec, "x W^T + b for a few rows x");
   module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row");
   module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows");

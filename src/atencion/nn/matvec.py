@@ -1,14 +1,14 @@
 """The small products of decoding on a CPU: a few rows (one, a beam, a batch of up to 16) times
-each weight matrix, and the step's normalisations and rotations.
+each weight matrix, the step's normalisations and rotations, and its attention over the cache.
 
 Generating a token multiplies a few rows by every weight of the model, so its time is the time to
-read the weights from memory. PyTorch's CPU product (``F.linear``, through MKL) reads them at 9-10
-GB/s on the 2-core machine of docs/results.md whatever the thread count, llama.cpp at about 22;
-``matvec.cpp``, a dot product per weight row with the rows split over torch's threads, reads them
-at 18-22 GB/s on one thread and 24-28 on two (``python benchmarks/matvec.py``). From 6 to 16 rows
-the product is bound by arithmetic instead, and ``matmul_panels`` (AVX-512) does it on a copy of the
-weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that weight in
-memory): 1.5× ``F.linear``'s GFLOP/s at 16 rows, 2.2× at 8 (``--rows 16``, ``--rows 8``).
+read the weights from memory. ``matvec.cpp``'s dot products (a dot product per weight row, the rows
+split over torch's threads) read them at 12-23 GB/s on the 2-core machines of docs/results.md;
+PyTorch's CPU product (``F.linear``, through MKL) at 9-10 GB/s on one of them and 27 on another. From
+6 to 16 rows the product is bound by arithmetic instead, and ``matmul_panels`` (AVX-512) does it on a
+copy of the weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that
+weight in memory), asking for the weights 2 KB ahead of use: 1.6× ``F.linear``'s GFLOP/s at 16 rows
+(``python benchmarks/matvec.py --rows 16``).
 
 The kernels are compiled by ``torch.utils.cpp_extension`` on first use (about a minute, once; cached
 under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where they apply: float32
@@ -17,12 +17,13 @@ Everything else, and every machine where they do not compile (one warning says w
 ``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the environment. Both sum the same
 products in different orders: outputs agree to float32 rounding.
 
-The int8 twin (``int8_linear``, for nn/quantize.py's layers, up to ``MAX_ROWS`` rows) computes what
-PyTorch's dynamic int8 linear computes, in the same int32 sums, reading a quarter of the bytes:
-1.3-2× fbgemm's speed at one row (``python benchmarks/matvec.py --int8``). Two more kernels do in
-one call what PyTorch does in several for a decoding step's few numbers: ``RMSNorm`` and ``rotate_``
-(RoPE on the queries and keys in place); with them a SmolLM-shaped step takes about a fifth less
-time at batch 1 in int8.
+The int8 twins (``int8_linear``, for nn/quantize.py's layers, up to ``PANEL_ROWS`` rows) compute what
+PyTorch's dynamic int8 linear computes, in the same int32 sums: on VNNI panels of the int8 weight
+where the CPU has AVX-512 VNNI (1.5× fbgemm's speed at 16 rows, 1.8× at one: ``--int8``), by dot
+products otherwise. Three more kernels do in one call what PyTorch does in several for a decoding
+step's few numbers: ``RMSNorm``, ``rotate_`` (RoPE on the queries and keys in place) and
+``attend_one`` (the attention of one query per head over the cache, read where it lies: with the
+cache's buffers, nn/cache.py, a step copies nothing but its own keys).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _rms_norm = None
 _rotate = None
 _panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512
 _int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI
+_attend_one = None  # attend_one, with AVX-512
 _tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
@@ -55,7 +57,7 @@ SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding ste
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _tried
+    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _attend_one, _tried
     if _tried:
         return _kernel
     with _lock:
@@ -77,6 +79,7 @@ def kernel():
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
                     module.rotate_
                 _panels_kernel = module.matmul_panels if module.avx512 else None
+                _attend_one = module.attend_one if module.avx512 else None
                 _int8_panels_kernel = module.matmul_int8_panels if module.avx512_vnni else None
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
@@ -169,10 +172,10 @@ def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: T
     another device, tracing, switched off): the caller then runs PyTorch's ``linear_dynamic``."""
     if not (_few_rows(x, PANEL_ROWS) and kernel() is not None):
         return None
+    if _int8_panels_kernel is not None:  # faster than the dot products from one row on (no sums across a vector)
+        return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
     if x.size(0) <= MAX_ROWS and _kernel_int8 is not None:
         return _kernel_int8(x, weight, scales, sums, bias)
-    if _int8_panels_kernel is not None:
-        return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
     return None
 
 
@@ -220,3 +223,16 @@ def rotate_(projected: Tensor, heads: int, d_k: int, cos: Tensor, sin: Tensor) -
         _rotate(projected, heads, d_k, cos, sin)
         return True
     return False
+
+
+def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
+    """Eq. (1) for one query per head, ``q`` (batch, h, 1, d_k), over cached keys and values
+    (batch, g, length, d_k) with g dividing h (grouped-query attention), by the kernel: the
+    attention of a generation step, without copying the cache. ``scale`` None is 1/√d_k. None where
+    the kernel does not apply (the caller then runs PyTorch's)."""
+    if (q.dim() == 4 and q.size(2) == 1 and k.dim() == 4 and k.size(2) > 0 and q.size(1) % k.size(1) == 0
+            and _few_rows(q, SMALL_ROWS * q.size(1)) and _inference(q, k, v) and kernel() is not None
+            and _attend_one is not None and q.stride(3) == k.stride(3) == v.stride(3) == 1
+            and q.size(3) % 16 == 0 and q.size(3) <= 256):
+        return _attend_one(q, k, v, q.size(3) ** -0.5 if scale is None else scale)
+    return None
