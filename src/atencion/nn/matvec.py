@@ -19,7 +19,7 @@ products in different orders: outputs agree to float32 rounding.
 
 The int8 twins (``int8_linear``, for nn/quantize.py's layers, up to ``PANEL_ROWS`` rows) compute what
 PyTorch's dynamic int8 linear computes, in the same int32 sums: on VNNI panels of the int8 weight
-where the CPU has AVX-512 VNNI (1.5× fbgemm's speed at 16 rows, 1.8× at one: ``--int8``), by dot
+where the CPU has AVX-512 VNNI (about 1.5× fbgemm's speed at 16 rows, 1.5-2× at one: ``--int8``), by dot
 products otherwise. Three more kernels do in one call what PyTorch does in several for a decoding
 step's few numbers: ``RMSNorm``, ``rotate_`` (RoPE on the queries and keys in place) and
 ``attend_one`` (the attention of one query per head over the cache, read where it lies: with the
