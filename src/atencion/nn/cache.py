@@ -24,6 +24,11 @@ def _causal(length: int, offset: int, device) -> Tensor:
     return keys[None, :] <= queries[:, None]
 
 
+def _eager() -> bool:
+    """Not tracing, compiling or exporting (which take the concatenation: no buffers in their graphs)."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
+
+
 class KVCache:
     """Keys and values already computed by one attention layer, shape (batch, heads, length, d_k).
 
@@ -46,10 +51,11 @@ class KVCache:
         """k and v with the new keys and values after them. Outside autograd they are views of
         buffers with room for more (doubled when full), so that a generation step writes its own
         keys only instead of copying the whole cache; ``k`` and ``v`` as set from outside, or cut
-        by ``truncate`` and ``reorder``, are copied into new buffers at the next step."""
+        by ``truncate`` and ``reorder``, are copied into new buffers at the next step. Under autograd,
+        tracing or export the new keys are concatenated."""
         if self.k is None:
             self.k, self.v = k, v
-        elif torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad):
+        elif (torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad)) or not _eager():
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
         else:
