@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AtencionError
+from .matvec import eager
 
 
 def _causal(length: int, offset: int, device) -> Tensor:
@@ -22,11 +23,6 @@ def _causal(length: int, offset: int, device) -> Tensor:
     keys = torch.arange(offset + length, device=device)
     queries = torch.arange(offset, offset + length, device=device)
     return keys[None, :] <= queries[:, None]
-
-
-def _eager() -> bool:
-    """Not tracing, compiling or exporting (which take the concatenation: no buffers in their graphs)."""
-    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
 
 
 class KVCache:
@@ -55,7 +51,8 @@ class KVCache:
         tracing or export the new keys are concatenated."""
         if self.k is None:
             self.k, self.v = k, v
-        elif (torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad)) or not _eager():
+        elif (torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad)) or not eager():
+            # tracing, compiling or exporting: no buffers in their graphs
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
         else:
@@ -87,6 +84,7 @@ class KVCache:
             shape = (len(index),) + self.k.shape[1:]
             self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
             self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
+            self._room = None  # the old rows' buffers: new ones at the next step
 
 
 class BeamKVCache(KVCache):

@@ -88,10 +88,14 @@ def kernel():
     return _kernel
 
 
+def eager() -> bool:
+    """Not tracing, compiling or exporting: the kernels (and nn/cache.py's buffers) stay out of graphs."""
+    return not (torch.jit.is_tracing() or _compiling() or torch.onnx.is_in_onnx_export())
+
+
 def _few_rows(x: Tensor, most: int = MAX_ROWS) -> bool:
     """At most ``most`` rows on the CPU, outside tracing, compiling and export."""
-    return (x.device.type == "cpu" and 0 < x.numel() <= most * x.size(-1)
-            and not torch.jit.is_tracing() and not _compiling() and not torch.onnx.is_in_onnx_export())
+    return x.device.type == "cpu" and 0 < x.numel() <= most * x.size(-1) and eager()
 
 
 def _inference(*tensors: Tensor) -> bool:
@@ -231,7 +235,8 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor |
     attention of a generation step, without copying the cache. ``scale`` None is 1/√d_k. None where
     the kernel does not apply (the caller then runs PyTorch's)."""
     if (q.dim() == 4 and q.size(2) == 1 and k.dim() == 4 and k.size(2) > 0 and q.size(1) % k.size(1) == 0
-            and _few_rows(q, SMALL_ROWS * q.size(1)) and _inference(q, k, v) and kernel() is not None
+            and _few_rows(q, SMALL_ROWS * q.size(1))  # at most SMALL_ROWS rows of h queries
+            and _inference(q, k, v) and kernel() is not None
             and _attend_one is not None and q.stride(3) == k.stride(3) == v.stride(3) == 1
             and q.size(3) % 16 == 0 and q.size(3) <= 256):
         return _attend_one(q, k, v, q.size(3) ** -0.5 if scale is None else scale)
