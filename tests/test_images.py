@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from atencion.cli import main
-from atencion.data.images import read_image, rotate, rotate_images, shift_images
+from atencion.data.images import read_image, rotate, rotate_images, shift_images, shifted_views
 from atencion.errors import AtencionError, MissingFileError
 
 
@@ -116,6 +116,15 @@ def test_a_shift_moves_each_image_by_whole_pixels_and_fills_zeros():
         found = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
                  if torch.equal(out, _moved(original, dy, dx))]
         assert len(found) == 1
+
+
+def test_the_shifted_views_are_every_offset_once_the_unmoved_image_among_them():
+    images = torch.rand(2, 1, 5, 6) + 1
+    assert [torch.equal(v, images) for v in shifted_views(images, 0)] == [True]
+    views = shifted_views(images, 2)
+    assert len(views) == 25
+    for (dy, dx), view in zip([(a, b) for a in range(2, -3, -1) for b in range(2, -3, -1)], views):
+        assert torch.equal(view, torch.stack([_moved(image, dy, dx) for image in images]))
 
 
 def test_a_rotation_equals_scipys_bilinear_rotation_and_a_quarter_turn_is_rot90():
@@ -222,6 +231,54 @@ def test_classify_labels_image_paths_and_evaluate_scores_a_tsv_of_them(vit_dir, 
     assert main(["evaluate", "--model", best, "--tsv", str(tmp / "valid.tsv")]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["task"] == "classify" and result["examples"] == 16 and result["accuracy"] >= 0.9
+
+
+def test_test_time_shifts_average_the_probabilities_over_the_moved_images(vit_dir, capsys):
+    from atencion.nn.model_dir import load_model_dir
+
+    tmp, _ = vit_dir
+    best = str(tmp / "run" / "best")
+    model, _ = load_model_dir(best)
+    model.eval()
+    rows = [line.split("\t") for line in (tmp / "valid.tsv").read_text().splitlines()]
+    images = torch.stack([torch.from_numpy(np.load(tmp / path))[None] for _, path in rows])
+    gold = torch.tensor(["hv".index(label) for label, _ in rows])
+    with torch.no_grad():
+        mean = torch.stack([model.classify(_moved_batch(images, dy, dx)).softmax(-1)
+                            for dy in (-1, 0, 1) for dx in (-1, 0, 1)]).mean(0)
+    assert main(["evaluate", "--model", best, "--tsv", str(tmp / "valid.tsv"), "--tta-shift", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tta_shift"] == 1
+    assert result["accuracy"] == pytest.approx(float((mean.argmax(-1) == gold).float().mean()))
+    assert result["loss"] == pytest.approx(float(-mean[torch.arange(len(gold)), gold].log().mean()), rel=1e-5)
+    assert main(["evaluate", "--model", best, "--tsv", str(tmp / "valid.tsv")]) == 0
+    assert json.loads(capsys.readouterr().out)["loss"] != pytest.approx(result["loss"], rel=1e-3)  # they differ
+    (tmp / "two.txt").write_text("valid/0.npy\nvalid/1.npy\n")
+    assert main(["classify", "--model", best, "--input", str(tmp / "two.txt"), "--json", "--tta-shift", "1"]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for answer, row in zip(answers, mean[:2]):
+        assert [answer["probabilities"][name] for name in "hv"] == pytest.approx(row.tolist(), rel=1e-5)
+
+
+def _moved_batch(images, dy, dx):
+    return torch.stack([_moved(image, dy, dx) for image in images])
+
+
+def test_test_time_shifts_are_refused_for_a_model_that_reads_no_images(tmp_path, capsys):
+    from atencion.train.trainer import train
+    from test_tasks import config, sentences
+
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(f"{'pos' if 'cat' in s else 'neg'}\t{s}\n" for s in sentences(60, 0)), encoding="utf-8")
+    model = train(config(tmp_path, "classify", f"data.train_tsv={tsv}", "data.vocab_size=60", "train.max_steps=1",
+                         "train.threads=1"), tmp_path / "run")["last_checkpoint"]
+    for command in (["evaluate", "--model", model, "--tsv", str(tsv)],
+                    ["classify", "--model", model, "--input", str(tsv)]):
+        assert main([*command, "--tta-shift", "1"]) == 2
+        captured = capsys.readouterr()
+        assert "--tta-shift 1: test-time shifts are for image classifiers" in captured.err
+        assert "reads tokens" in captured.err
+        assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
 
 
 @pytest.mark.parametrize("make, message", [

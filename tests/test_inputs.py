@@ -44,7 +44,7 @@ def test_a_config_json_without_inputs_loads_as_tokens(tmp_path):
 
 def test_patches_settings_are_completed_with_the_defaults_in_the_config():
     cfg = tiny(vocab_size=0, inputs={"kind": "patches", "patch": 2, "size": [4, 6]})
-    assert cfg.inputs == {"kind": "patches", "patch": 2, "size": [4, 6], "channels": 3}
+    assert cfg.inputs == {"kind": "patches", "patch": 2, "size": [4, 6], "channels": 3, "shifted": False}
     assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
@@ -55,6 +55,7 @@ def test_patches_settings_are_completed_with_the_defaults_in_the_config():
     ({**PATCHES, "stride": 2}, "inputs.stride is not a setting of inputs kind 'patches'"),
     ({**PATCHES, "patch": 0}, "inputs.patch must be a positive integer, got 0"),
     ({**PATCHES, "channels": "rgb"}, "inputs.channels must be a positive integer, got 'rgb'"),
+    ({**PATCHES, "shifted": "yes"}, "inputs.shifted must be true or false, got 'yes'"),
     ({**PATCHES, "size": [4]}, r"inputs.size must be \[height, width\], two positive integers, got \[4\]"),
     ({**PATCHES, "patch": 4}, r"inputs.patch \(4\) must divide both sides of inputs.size \[4, 6\]"),
 ])
@@ -100,7 +101,8 @@ def test_a_training_config_reads_a_bare_kind_and_sets_one_key_of_it(tmp_path):
     cfg = load_config(config, ["model.inputs.patch=2", "model.inputs.size=[4, 6]", "model.inputs.channels=1"])
     assert cfg.model["inputs"] == PATCHES
     built = cfg.model_config(8000, None, {"task": "classify", "num_labels": 2})
-    assert (built.vocab_size, built.n_layers, built.d_model, built.inputs) == (0, 1, 192, PATCHES)  # vit-tiny's
+    assert (built.vocab_size, built.n_layers, built.d_model) == (0, 1, 192)  # vit-tiny's
+    assert built.inputs == {**PATCHES, "shifted": False}
 
 
 def test_every_input_kind_names_what_it_takes_and_archs_that_exist():

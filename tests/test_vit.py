@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from atencion import ModelConfig, Transformer
 from atencion.errors import AtencionError
@@ -35,6 +36,31 @@ def test_the_patch_embedding_is_a_convolution_with_kernel_and_stride_the_patch()
     assert mask is None and tokens.shape == (5, 1 + 6, 8)
     torch.testing.assert_close(tokens[:, 1:], expected, rtol=0, atol=1e-6)
     assert torch.equal(tokens[:, 0], embed.cls[0].expand(5, -1))  # [CLS] first, the same for every image
+
+
+def test_shifted_patch_tokenization_embeds_each_patch_of_the_image_and_its_four_diagonal_moves():
+    torch.manual_seed(0)
+    embed = PatchEmbedding(d_model=8, patch=2, size=(4, 6), channels=3, shifted=True)
+    with torch.no_grad():
+        embed.norm.weight.normal_(), embed.norm.bias.normal_()   # not the identity, so that it must be applied
+    images = torch.randn(5, 3, 4, 6)
+
+    def moved(dy, dx):  # pixel (r, c) of the copy is pixel (r + dy, c + dx) of the image, zero outside it
+        out = torch.zeros_like(images)
+        for r in range(4):
+            for c in range(6):
+                if 0 <= r + dy < 4 and 0 <= c + dx < 6:
+                    out[..., r, c] = images[..., r + dy, c + dx]
+        return out
+
+    stack = torch.cat([images, moved(-1, -1), moved(-1, 1), moved(1, -1), moved(1, 1)], dim=1)   # 5C = 15 channels
+    tokens, _ = embed(images)
+    assert tokens.shape == (5, 1 + 6, 8) and embed.proj.in_features == 15 * 2 * 2
+    for k in range(6):
+        r, c = divmod(k, 3)
+        patch = stack[:, :, 2 * r:2 * r + 2, 2 * c:2 * c + 2].reshape(5, -1)   # (channel, row, column) order
+        normed = F.layer_norm(patch, (60,), embed.norm.weight, embed.norm.bias, embed.norm.eps)
+        torch.testing.assert_close(tokens[:, 1 + k], normed @ embed.proj.weight.T + embed.proj.bias, rtol=0, atol=1e-5)
 
 
 def _permute_patches(images: torch.Tensor, order: list[int], patch: int) -> torch.Tensor:
@@ -104,7 +130,8 @@ def test_a_hugging_face_vit_imports_with_equal_logits(hidden_act):
 
     hf_model = _hf_vit(hidden_act=hidden_act)
     model = from_hf(hf_model)
-    assert model.cfg.inputs == PATCHES and model.cfg.max_positions == 7 and model.cfg.num_labels == 5
+    assert model.cfg.inputs == {**PATCHES, "shifted": False}
+    assert model.cfg.max_positions == 7 and model.cfg.num_labels == 5
     images = torch.randn(3, 3, 4, 6)
     with torch.no_grad():
         torch.testing.assert_close(model.classify(images), hf_model(pixel_values=images).logits, rtol=0, atol=1e-5)
@@ -129,7 +156,8 @@ def test_an_atencion_vit_exports_to_hugging_face_with_equal_logits():
 
 @pytest.mark.parametrize("values, key", [(dict(positional="sinusoidal-2d"), "positional"),
                                          (dict(norm_first=False), "norm_first"), (dict(pooling="mean"), "pooling"),
-                                         (dict(num_labels=0), "num_labels")])
+                                         (dict(num_labels=0), "num_labels"),
+                                         (dict(inputs={**PATCHES, "shifted": True}), "shifted")])
 def test_what_vit_cannot_express_is_refused_naming_the_key(values, key):
     pytest.importorskip("transformers")
     from atencion.interop import to_hf
@@ -144,7 +172,7 @@ def test_a_hugging_face_vit_directory_loads_as_an_atencion_model_without_a_token
     hf_model = _hf_vit()
     hf_model.save_pretrained(tmp_path)
     model, tokenizer = load_model_dir(tmp_path)
-    assert tokenizer is None and model.cfg.inputs == PATCHES
+    assert tokenizer is None and model.cfg.inputs == {**PATCHES, "shifted": False}
     images = torch.randn(2, 3, 4, 6)
     with torch.no_grad():
         torch.testing.assert_close(model.classify(images), hf_model(pixel_values=images).logits, rtol=0, atol=1e-5)
@@ -169,7 +197,7 @@ def test_the_digits_recipe_builds_a_vit_of_16_patches_and_cls():
 
     cfg = load_config("configs/digits_vit.yaml")
     built = cfg.model_config(0, None, {"task": "classify", "num_labels": 10})
-    assert built.inputs == {"kind": "patches", "patch": 2, "size": [8, 8], "channels": 1}
+    assert built.inputs == {"kind": "patches", "patch": 2, "size": [8, 8], "channels": 1, "shifted": True}
     assert (built.arch, built.norm_first, built.positional, built.max_positions, built.vocab_size) == \
         ("encoder", True, "learned", 17, 0)
     assert Transformer(built).classify(torch.rand(3, 1, 8, 8)).shape == (3, 10)

@@ -43,6 +43,9 @@ def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | 
 
 
 POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float, 0.0, highest=1e6)
+TTA_SHIFT_HELP = ("image classifier: average the probabilities over the image moved by every whole offset of at most "
+                  "N pixels each way, (2N + 1)² views, at most 4 (test-time augmentation; default: 0, the image as "
+                  "it is)")
 
 
 def _warn(command: str):
@@ -265,6 +268,7 @@ def add_classify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="tokens per batch (default: 4096)")
     p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
                    help="a line of more pieces is refused, naming it, before any work (default: 1024)")
+    p.add_argument("--tta-shift", type=_number(int, 0, highest=4), default=0, metavar="N", help=TTA_SHIFT_HELP)
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
 
 
@@ -276,7 +280,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
     from .tasks.classify import classify_file
 
     sys.stdout.write(classify_file(args.model, args.input, args.json, args.batch_tokens, args.max_input_tokens,
-                                   args.device, warn=_warn("classify")))
+                                   args.device, warn=_warn("classify"), tta_shift=args.tta_shift))
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -300,6 +304,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                                  "model is a header, as in training); speech-to-text model: text<TAB>path.wav rows "
                                  "(paths relative to the TSV's folder); towers (task contrastive): the first "
                                  "tower's label<TAB>path test rows")
+    p.add_argument("--tta-shift", type=_number(int, 0, highest=4), metavar="N", help=TTA_SHIFT_HELP)
     p.add_argument("--other-tsv", help="towers: the second tower's label<TAB>path test rows (retrieval both ways)")
     p.add_argument("--centroid-tsv", help="towers: the second tower's labelled rows whose mean embedding per label "
                                           "classifies the first tower's items zero-shot (e.g. its training rows)")
@@ -318,7 +323,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     that of always guessing the most frequent token of --text itself (a baseline that has seen the
     test text's counts).
     A classifier (task classify) reads --tsv: accuracy, loss and the confusion matrix (rows: true
-    label, columns: predicted, in the order of "labels").
+    label, columns: predicted, in the order of "labels"); an image classifier with --tta-shift N
+    averages over the shifted images (and says "tta_shift").
     A speech-to-text model (task transcribe) reads --tsv, text<TAB>path.wav rows: it transcribes
     the recordings (--beam, --alpha, ... as for a translator) and gives exact_match, bleu, bleu_tok
     and chrf against the texts.

@@ -82,6 +82,15 @@ def shift_images(images: Tensor, shift: int, generator: torch.Generator) -> Tens
     return torch.stack([padded[i, :, dy:dy + height, dx:dx + width] for i, (dy, dx) in enumerate(offsets)])
 
 
+def shifted_views(images: Tensor, shift: int) -> list[Tensor]:
+    """``images`` (batch, channels, height, width) moved by every whole offset (dy, dx) in
+    [-shift, shift]², each a batch like ``images``, zero where the frame is left empty: the (2 ·
+    shift + 1)² views that test-time augmentation averages over (the unmoved one among them)."""
+    _, _, height, width = images.shape
+    padded = torch.nn.functional.pad(images, (shift, shift, shift, shift))
+    return [padded[:, :, dy:dy + height, dx:dx + width] for dy in range(2 * shift + 1) for dx in range(2 * shift + 1)]
+
+
 def rotate(images: Tensor, degrees: Tensor) -> Tensor:
     """Each image of ``images`` (batch, channels, height, width) turned about its centre by its own
     angle ``degrees[i]`` (counter-clockwise as displayed, rows running down), sampled bilinearly;

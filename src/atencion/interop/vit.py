@@ -94,6 +94,9 @@ def check_vit(cfg: ModelConfig) -> None:
     ``cfg``'s model."""
     if cfg.inputs is None or cfg.inputs["kind"] != "patches":
         raise AtencionError("ViT export: the model must read image patches (model.inputs kind patches)")
+    if cfg.inputs.get("shifted"):
+        raise AtencionError("ViT export: inputs.shifted=true (Shifted Patch Tokenization) has no counterpart in "
+                            "ViTForImageClassification")
     require(cfg, [("arch", "encoder"), ("norm_first", True), ("norm", "layernorm"), ("positional", "learned"),
                   ("embedding_norm", False), ("scale_attention", True), ("bias", True), ("pooling", "first"),
                   ("pooler", False)], "ViT export", "ViTForImageClassification")

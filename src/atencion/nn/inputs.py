@@ -50,18 +50,33 @@ class PatchEmbedding(nn.Module):
     R^{(P²·C)×D}, and a learned [CLS] embedding x_class is prepended: z_0 = [x_class; x_p^1 E;
     …; x_p^N E] (the positions E_pos are the encoder's, added next). The projection is a
     convolution with kernel = stride = P (tested against ``torch.nn.Conv2d``): ``weight`` holds
-    E row by row in the order (channel, row, column) of a patch, Conv2d's weight flattened."""
+    E row by row in the order (channel, row, column) of a patch, Conv2d's weight flattened.
 
-    def __init__(self, d_model: int, patch: int, size: tuple[int, int], channels: int):
+    ``shifted`` (inputs.shifted): Shifted Patch Tokenization, for ViTs trained on small datasets
+    (Lee et al. 2021, "Vision Transformer for Small-Size Datasets", §3.2, eq. 2-3): the image
+    and its four copies moved diagonally by half a patch (⌈P/2⌉ pixels; zero-filled) are stacked
+    along the channels, 5C in all, each patch of that flattened, layer-normalised (``norm``) and
+    projected: a token also sees the pixels around its patch."""
+
+    def __init__(self, d_model: int, patch: int, size: tuple[int, int], channels: int, shifted: bool = False):
         super().__init__()
-        self.patch, self.size, self.channels = patch, tuple(size), channels
+        self.patch, self.size, self.channels, self.shifted = patch, tuple(size), channels, shifted
         self.grid = (size[0] // patch, size[1] // patch)
-        self.proj = nn.Linear(channels * patch * patch, d_model)
+        width = (5 if shifted else 1) * channels * patch * patch
+        self.norm = nn.LayerNorm(width) if shifted else None
+        self.proj = nn.Linear(width, d_model)
         self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
         nn.init.normal_(self.cls, std=0.02)
 
     def patches(self, images: Tensor) -> Tensor:
-        """(batch, C, H, W) → (batch, N, C·P·P): the patches in row-major order of the grid."""
+        """(batch, C, H, W) → (batch, N, C·P·P): the patches in row-major order of the grid (with
+        ``shifted``, of the 5C-channel stack: (batch, N, 5·C·P·P))."""
+        if self.shifted:
+            s = (self.patch + 1) // 2
+            height, width = images.shape[-2:]
+            padded = F.pad(images, (s, s, s, s))
+            moved = [padded[:, :, s + dy:s + dy + height, s + dx:s + dx + width] for dy in (-s, s) for dx in (-s, s)]
+            images = torch.cat([images, *moved], dim=1)
         p = self.patch
         x = images.unfold(2, p, p).unfold(3, p, p)                 # (batch, C, rows, cols, P, P)
         return x.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
@@ -69,7 +84,8 @@ class PatchEmbedding(nn.Module):
     def forward(self, images: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, None]:
         """z_0 without positions, (batch, 1 + N, d_model); no position is padding."""
         self.check(images, lengths)
-        x = self.proj(self.patches(images.to(self.proj.weight.dtype)))
+        x = self.patches(images.to(self.proj.weight.dtype))
+        x = self.proj(x if self.norm is None else self.norm(x))
         return torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1), None
 
     def check(self, images: Tensor, lengths: Tensor | None) -> None:
@@ -154,10 +170,12 @@ def _positive(value: Any) -> bool:
 
 def _patches_check(cfg, settings: dict) -> str | None:
     """patch, size [height, width] and channels positive integers, the patch dividing the size,
-    and learned positions for every patch and the [CLS] token."""
+    shifted true or false, and learned positions for every patch and the [CLS] token."""
     for key in ("patch", "channels"):
         if not _positive(settings[key]):
             return f"inputs.{key} must be a positive integer, got {settings[key]!r}"
+    if not isinstance(settings["shifted"], bool):
+        return f"inputs.shifted must be true or false, got {settings['shifted']!r}"
     size = settings["size"]
     if not (isinstance(size, list) and len(size) == 2 and all(_positive(s) for s in size)):
         return f"inputs.size must be [height, width], two positive integers, got {size!r}"
@@ -258,8 +276,9 @@ INPUTS.update({kind.name: kind for kind in (
     # ViT (Dosovitskiy et al. 2021): P × P patches, each linearly embedded, and a [CLS] token.
     InputKind("patches", "images (batch, channels, height, width), floats", ("encoder",),
               lambda cfg: PatchEmbedding(cfg.d_model, cfg.inputs["patch"], cfg.inputs["size"],
-                                         cfg.inputs["channels"]),
-              required=("patch", "size"), defaults={"channels": 3}, check=_patches_check, preset="vit-tiny",
+                                         cfg.inputs["channels"], cfg.inputs["shifted"]),
+              required=("patch", "size"), defaults={"channels": 3, "shifted": False}, check=_patches_check,
+              preset="vit-tiny",
               read=lambda path, settings: read_image(path, settings["channels"], settings["size"]),
               collate=stack_images, positions=_patches),
     # Whisper (Radford et al. 2022): log-mel frames of a recording, two convolutions (the second of stride 2).

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
-from ..data.images import rotate_images, shift_images
+from ..data.images import rotate_images, shift_images, shifted_views
 from ..data.text import read_labelled_lines
 from ..data.tokenizer import PAD_ID, Tokenizer
 from ..errors import AtencionError, Diverged
@@ -163,18 +163,35 @@ def read_rows(inputs: dict, tsv: str, rows: list[tuple[int, str]], lines: list[i
     return read_inputs(inputs, [folder / path for _, path in rows], lambda i: f"{name or tsv} line {lines[i]}")
 
 
+def check_tta_shift(model, tta_shift: int) -> None:
+    """Test-time shifts are for image classifiers (inputs kind patches) only."""
+    kind = input_kind(model.cfg).name
+    if tta_shift and kind != "patches":
+        raise AtencionError(f"--tta-shift {tta_shift}: test-time shifts are for image classifiers (model.inputs kind "
+                            f"patches); this model reads {kind}")
+
+
 @torch.no_grad()
-def classify_logits(model, examples: list[list[int]] | list[Tensor], max_tokens: int, device) -> Tensor:
+def classify_logits(model, examples: list[list[int]] | list[Tensor], max_tokens: int, device,
+                    tta_shift: int = 0) -> Tensor:
     """Logits (n, num_labels) of ``examples`` (token ids with ``<s>``/``</s>``, or the raw inputs
-    of the model's input kind), in their order."""
+    of the model's input kind), in their order. With ``tta_shift`` N > 0 (images only:
+    ``check_tta_shift``), test-time augmentation: the log of the mean of the probabilities the
+    model gives each image moved by every whole offset in [-N, N]² pixels (``shifted_views``)."""
     out = torch.empty(len(examples), model.cfg.num_labels)
     kind = input_kind(model.cfg)
+    check_tta_shift(model, tta_shift)
     if not kind.tokens:
         lengths = [(kind.positions(e, model.cfg.inputs) - 1, 0) for e in examples]
         for group in token_batches(lengths, max_tokens, seed=None):
             inputs, sizes = kind.collate([examples[i] for i in group])
             sizes = None if sizes is None else sizes.to(device)
-            out[group] = model.classify(inputs.to(device), lengths=sizes).float().cpu()
+            if not tta_shift:
+                out[group] = model.classify(inputs.to(device), lengths=sizes).float().cpu()
+                continue
+            views = shifted_views(inputs.to(device), tta_shift)
+            log_probs = torch.stack([model.classify(view).float().log_softmax(-1) for view in views])
+            out[group] = (log_probs.logsumexp(0) - math.log(len(views))).cpu()
         return out
     for group in token_batches([(len(e), 0) for e in examples], max_tokens, seed=None):
         rows = pad_rows([examples[i] for i in group], model.cfg.pad_id)
@@ -182,9 +199,10 @@ def classify_logits(model, examples: list[list[int]] | list[Tensor], max_tokens:
     return out
 
 
-def classify_scores(model, examples, targets: list[int], max_tokens: int, device) -> dict:
-    """Loss, accuracy and the confusion matrix (rows: true label, columns: predicted)."""
-    logits = classify_logits(model, examples, max_tokens, device)
+def classify_scores(model, examples, targets: list[int], max_tokens: int, device, tta_shift: int = 0) -> dict:
+    """Loss, accuracy and the confusion matrix (rows: true label, columns: predicted); ``tta_shift``
+    as for ``classify_logits``."""
+    logits = classify_logits(model, examples, max_tokens, device, tta_shift)
     gold = torch.tensor(targets)
     predicted = logits.argmax(-1)
     n = model.cfg.num_labels
@@ -231,13 +249,15 @@ def classify_lines(model, tokenizer: Tokenizer, lines: list[str], batch_tokens: 
 
 
 def classify_paths(model, paths: list[Path], batch_tokens: int = 4096,
-                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}") -> torch.Tensor:
+                   where: Callable[[int], str] = lambda i: f"--input line {i + 1}", tta_shift: int = 0) -> torch.Tensor:
     """The probability of every label for each file of ``paths`` (an image for a ViT), read by
-    the model's input kind, (len(paths), num_labels); a bad file is refused naming ``where(i)``."""
+    the model's input kind, (len(paths), num_labels); a bad file is refused naming ``where(i)``.
+    ``tta_shift`` as for ``classify_logits``."""
     check_model(model, None, "classify")
+    check_tta_shift(model, tta_shift)
     examples = read_inputs(model.cfg.inputs, paths, where)
     with evaluating(model):
-        return classify_logits(model, examples, batch_tokens, model_device(model)).softmax(-1)
+        return classify_logits(model, examples, batch_tokens, model_device(model), tta_shift).softmax(-1)
 
 
 def prediction(names: list[str], row: list[float]) -> dict[str, Any]:
@@ -247,7 +267,7 @@ def prediction(names: list[str], row: list[float]) -> dict[str, Any]:
 
 
 def classify_file(model: str, input: str | None = None, as_json: bool = False, batch_tokens: int = 4096,
-                  max_input_tokens: int = 1024, device: str = "cpu", warn=None) -> str:
+                  max_input_tokens: int = 1024, device: str = "cpu", warn=None, tta_shift: int = 0) -> str:
     """`atencion classify`: label each line of ``input`` (None: stdin) with the model directory
     ``model``, one line out per line in: 'LABEL<TAB>PROBABILITY', or (``as_json``) one JSON
     object per line with every label's probability. An empty line gets the model's answer on the
@@ -255,11 +275,13 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
     ``warn(message)`` hears of it, as it does (once) of characters a character vocabulary lacks.
     A model of another input kind (a ViT) reads a file's path on each line instead, relative to
     the folder of ``input`` (stdin: the current directory); an empty line, or a bad file, is
-    refused naming the line."""
+    refused naming the line. ``tta_shift``: an image classifier's test-time shifts
+    (``classify_logits``)."""
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
     check_model(loaded, tokenizer, "classify")
+    check_tta_shift(loaded, tta_shift)
     name = input or "stdin"
     source = input or getattr(sys.stdin, "buffer", sys.stdin)
     lines = read_lines(source, allow_empty=True, errors="replace", name=name, warn=warn)
@@ -272,7 +294,8 @@ def classify_file(model: str, input: str | None = None, as_json: bool = False, b
         if empty:
             raise AtencionError(f"{where(empty[0])}: empty; expected the path of a file to classify")
         folder = Path(input).parent if input else Path()
-        probabilities = classify_paths(loaded, [folder / line.strip() for line in lines], batch_tokens, where)
+        probabilities = classify_paths(loaded, [folder / line.strip() for line in lines], batch_tokens, where,
+                                       tta_shift)
         best, index = probabilities.max(-1)
         names = label_names(loaded)
         if not as_json:
@@ -314,6 +337,8 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
     """`atencion evaluate` for a classifier: ``evaluate_classifier`` on the rows of the file
     ``tsv`` (a first line whose label is no label of the model is a header, as in training)."""
     def score(loaded, tokenizer: Tokenizer | None, path: str) -> dict:
+        tta_shift = options.get("tta_shift") or 0
+        check_tta_shift(loaded, tta_shift)
         rows, _, skipped, lines = read_labelled_lines(path, label_names(loaded))
         if skipped and warn is not None:
             warn(f"{path}: left out {skipped} rows with an empty text")
@@ -322,8 +347,8 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
             examples = read_rows(loaded.cfg.inputs, path, rows, lines, f"--tsv {path}")
             with evaluating(loaded):
                 scores = classify_scores(loaded, examples, [label for label, _ in rows],
-                                         options.get("batch_tokens", 4096), model_device(loaded))
-            return {**scores, "labels": label_names(loaded)}
+                                         options.get("batch_tokens", 4096), model_device(loaded), tta_shift)
+            return {**scores, "labels": label_names(loaded), **({"tta_shift": tta_shift} if tta_shift else {})}
         return evaluate_classifier(loaded, tokenizer, rows, options.get("batch_tokens", 4096),
                                    options.get("max_input_tokens", 1024), f"--tsv {path}", lines, warn)
 
@@ -334,4 +359,5 @@ SPEC = register_task(TaskSpec(
     name="classify", kind="a classifier (a classification head)", preset="bert-tiny", archs=("encoder", "decoder"),
     metric="accuracy", label_smoothing=0.0, training=ClassifyTask, use="classify",
     needs="a model with a classification head (task classify)", can=can_classify,
-    evaluate=evaluate_classifier_dir, evaluate_options=("tsv",), evaluate_required=("tsv",), metrics=("accuracy",)))
+    evaluate=evaluate_classifier_dir, evaluate_options=("tsv", "tta_shift"), evaluate_required=("tsv",),
+    metrics=("accuracy",)))
