@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ARCHS, INPUTS, inputs_settings
-from ..data.images import read_image
+from ..data.images import read_image, shifted_views
 from ..errors import AtencionError
 from .positional import TokenEmbedding, position_limit
 
@@ -71,12 +71,10 @@ class PatchEmbedding(nn.Module):
     def patches(self, images: Tensor) -> Tensor:
         """(batch, C, H, W) → (batch, N, C·P·P): the patches in row-major order of the grid (with
         ``shifted``, of the 5C-channel stack: (batch, N, 5·C·P·P))."""
-        if self.shifted:
+        if self.shifted:  # the four corners of the (2s + 1)² moves, s = ⌈P/2⌉
             s = (self.patch + 1) // 2
-            height, width = images.shape[-2:]
-            padded = F.pad(images, (s, s, s, s))
-            moved = [padded[:, :, s + dy:s + dy + height, s + dx:s + dx + width] for dy in (-s, s) for dx in (-s, s)]
-            images = torch.cat([images, *moved], dim=1)
+            views, n = shifted_views(images, s), 2 * s + 1
+            images = torch.cat([images, views[0], views[n - 1], views[-n], views[-1]], dim=1)
         p = self.patch
         x = images.unfold(2, p, p).unfold(3, p, p)                 # (batch, C, rows, cols, P, P)
         return x.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)

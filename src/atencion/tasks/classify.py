@@ -254,7 +254,6 @@ def classify_paths(model, paths: list[Path], batch_tokens: int = 4096,
     the model's input kind, (len(paths), num_labels); a bad file is refused naming ``where(i)``.
     ``tta_shift`` as for ``classify_logits``."""
     check_model(model, None, "classify")
-    check_tta_shift(model, tta_shift)
     examples = read_inputs(model.cfg.inputs, paths, where)
     with evaluating(model):
         return classify_logits(model, examples, batch_tokens, model_device(model), tta_shift).softmax(-1)
