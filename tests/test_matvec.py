@@ -73,6 +73,7 @@ def test_switched_off_by_the_environment_f_linear_alone(monkeypatch):
 
 
 def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
+    monkeypatch.setenv("ATENCION_FUSED", "0")  # layer by layer (test_fused.py: all the layers in one call)
     torch.manual_seed(0)
     cfg = small_config(arch="decoder", dropout=0.0, norm="rmsnorm", norm_first=True, positional="rope",
                        activation="swiglu", d_model=64, d_ff=128, n_heads=4, n_kv_heads=2, bias=False)

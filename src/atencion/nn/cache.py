@@ -57,14 +57,26 @@ class KVCache:
             self.v = torch.cat([self.v, v], dim=2)
         else:
             start, end = self.k.size(2), self.k.size(2) + k.size(2)
-            if not (self._room is not None and self._holds(self._room[0], self.k, end)
-                    and self._holds(self._room[1], self.v, end)):
-                capacity = max(2 * end, 64)
-                self._room = tuple(old.new_empty(*old.shape[:2], capacity, old.size(3)) for old in (self.k, self.v))
-                self._room[0][:, :, :start], self._room[1][:, :, :start] = self.k, self.v
-            self._room[0][:, :, start:end], self._room[1][:, :, start:end] = k, v
-            self.k, self.v = self._room[0][:, :, :end], self._room[1][:, :, :end]
+            keys, values = self.room(end)
+            keys[:, :, start:end], values[:, :, start:end] = k, v
+            self.written(end)
         return self.k, self.v
+
+    def room(self, end: int) -> tuple[Tensor, Tensor]:
+        """Buffers (batch, heads, capacity, d_k) whose first keys and values are k and v, with room
+        up to position ``end``: the ones kept, or new ones (twice ``end``) holding a copy of them.
+        The cache needs keys already (a first ``append``)."""
+        if not (self._room is not None and self._holds(self._room[0], self.k, end)
+                and self._holds(self._room[1], self.v, end)):
+            start = self.k.size(2)
+            self._room = tuple(old.new_empty(*old.shape[:2], max(2 * end, 64), old.size(3)) for old in (self.k, self.v))
+            self._room[0][:, :, :start], self._room[1][:, :, :start] = self.k, self.v
+        return self._room
+
+    def written(self, end: int) -> None:
+        """The buffers' first ``end`` positions are the cache now: the new keys and values were
+        written into :meth:`room` (by ``append``, or by the whole-step kernel of nn/fused.py)."""
+        self.k, self.v = self._room[0][:, :, :end], self._room[1][:, :, :end]
 
     @staticmethod
     def _holds(buffer: Tensor, kept: Tensor, end: int) -> bool:
@@ -176,6 +188,7 @@ class DecoderState:
     memory: Tensor | None = None  # the encoder output, until the first step has cached it
     group: int = 1                # decoder rows per source sentence (the beam)
     origin: Tensor | None = None  # beams only: (sentences, group, offset) beam slots of the ancestors
+    fused: tuple[bool, list[Tensor]] | bool | None = None  # nn/fused.py's (in panels?, parameters); False: not
 
     def self_attention_mask(self, rows: int, length: int, device) -> Tensor | None:
         """The self-attention mask for ``length`` new positions of ``rows`` decoder rows (and,

@@ -44,20 +44,49 @@ static inline void prefetch_ahead(const void* row, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(start + i);
 }
 
-torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
-  // x: (m, k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (m, n).
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec: shapes (m, k) and (n, k)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "matvec: float32 only");
-  TORCH_CHECK(weight.is_contiguous(), "matvec: the weight must be contiguous");
-  const torch::Tensor rows = x.contiguous();
-  const int64_t m = rows.size(0), k = rows.size(1), n = weight.size(0);
-  torch::Tensor y = torch::empty({m, n}, rows.options());
-  const float* X = rows.data_ptr<float>();
-  const float* W = weight.data_ptr<float>();
-  torch::Tensor b;  // the bias made contiguous, alive while B is read
-  const float* B = bias_data(bias, n, b, "matvec");
-  float* Y = y.data_ptr<float>();
+#ifdef __AVX512F__
+// Four rows of W at a time, o to o + 3, times each of the M rows of X: 4·M vector accumulators, summed
+// across their lanes at the end; the rows of W that follow asked for PREFETCH bytes ahead.
+template <int M>
+static void four_dot_products(const float* __restrict X, int64_t k, const float* __restrict W, int64_t n,
+                              int64_t o, const float* B, float* __restrict Y) {
+  __m512 acc[M][4];
+  for (int r = 0; r < M; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const float* w = W + o * k;
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 mask = k - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - i)) - 1);
+    __m512 wj[4];
+    for (int j = 0; j < 4; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * k + i) + PREFETCH, _MM_HINT_T0);
+      wj[j] = _mm512_maskz_loadu_ps(mask, w + j * k + i);
+    }
+    for (int r = 0; r < M; ++r) {
+      const __m512 x = _mm512_maskz_loadu_ps(mask, X + r * k + i);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(x, wj[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int j = 0; j < 4; ++j) {
+      const float sum = _mm512_reduce_add_ps(acc[r][j]);
+      Y[r * n + o + j] = B ? sum + B[o + j] : sum;
+    }
+}
+#endif
+
+// Y (m, n) = X (m, k) W^T + B by dot products, the output rows split over torch's threads: each row of
+// W is read once, from start to end, and multiplied by every row of X while it is in the L1 cache.
+static void dot_products(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+#ifdef __AVX512F__
+    if (m <= 5) {
+      for (; begin + 4 <= end; begin += 4) switch (m) {
+#define ROWS(M) case M: four_dot_products<M>(X, k, W, n, begin, B, Y); break;
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
+#undef ROWS
+      }
+    }
+#endif
     for (int64_t o = begin; o < end; ++o) {
       const float* w = W + o * k;
       for (int64_t r = 0; r < m; ++r) {
@@ -69,6 +98,19 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const 
       }
     }
   });
+}
+
+torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
+  // x: (m, k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (m, n).
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec: shapes (m, k) and (n, k)");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "matvec: float32 only");
+  TORCH_CHECK(weight.is_contiguous(), "matvec: the weight must be contiguous");
+  const torch::Tensor rows = x.contiguous();
+  const int64_t m = rows.size(0), k = rows.size(1), n = weight.size(0);
+  torch::Tensor y = torch::empty({m, n}, rows.options());
+  torch::Tensor b;  // the bias made contiguous, alive while it is read
+  const float* B = bias_data(bias, n, b, "matvec");
+  dot_products(rows.data_ptr<float>(), m, k, weight.data_ptr<float>(), n, B, y.data_ptr<float>());
   return y;
 }
 
@@ -303,53 +345,57 @@ torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& pa
 // Two more of a decoding step's small operations, which as PyTorch expressions cost several calls
 // each (a few microseconds apiece) for a few hundred numbers.
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  // x: (m, d) float32 contiguous; each row times weight / sqrt(mean(row²) + eps), as nn.RMSNorm
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rms_norm: contiguous float32 rows");
-  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
-              "rms_norm: one float32 weight per feature");
-  const int64_t m = x.size(0), d = x.size(1);
-  torch::Tensor y = torch::empty_like(x);
-  const float *X = x.data_ptr<float>(), *G = weight.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
+// Each of the m rows of X (m, d) times G / sqrt(mean(row²) + eps), into Y.
+static void rms_rows(const float* X, int64_t m, int64_t d, const float* G, float eps, float* Y) {
   for (int64_t r = 0; r < m; ++r) {
     const float* row = X + r * d;
     float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < d; ++i) squares += row[i] * row[i];
-    const float scale = 1.f / std::sqrt(squares / float(d) + float(eps));
+    const float scale = 1.f / std::sqrt(squares / float(d) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) Y[r * d + i] = row[i] * scale * G[i];
   }
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // x: (m, d) float32 contiguous; each row times weight / sqrt(mean(row²) + eps), as nn.RMSNorm
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rms_norm: contiguous float32 rows");
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+              "rms_norm: one float32 weight per feature");
+  torch::Tensor y = torch::empty_like(x);
+  rms_rows(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<float>(), float(eps), y.data_ptr<float>());
   return y;
+}
+
+// RoPE on `heads` consecutive heads of d_k features at x: (x1, x2) → (x1 cos − x2 sin, x2 cos + x1 sin)
+// on the halves of each head, with one position's cos and sin (d_k each).
+static void turn_heads(float* x, int64_t heads, int64_t d_k, const float* c, const float* s) {
+  const int64_t half = d_k / 2;
+  for (int64_t head = 0; head < heads; ++head) {
+    float* x1 = x + head * d_k;
+    float* x2 = x1 + half;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x1[i], z = x2[i];
+      x1[i] = a * c[i] - z * s[i];
+      x2[i] = z * c[half + i] + a * s[half + i];
+    }
+  }
 }
 
 void rotate_(torch::Tensor& x, int64_t heads, int64_t d_k, const torch::Tensor& cos, const torch::Tensor& sin) {
   // x: (b, t, n) float32 contiguous, whose first heads · d_k features of each position (the queries' and
-  // keys' heads, side by side) are turned in place by RoPE: (x1, x2) → (x1 cos − x2 sin, x2 cos + x1 sin)
-  // on the halves of each head, with cos and sin (t, d_k) of the positions.
+  // keys' heads, side by side) are turned in place by RoPE, with cos and sin (t, d_k) of the positions.
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.scalar_type() == at::kFloat && heads * d_k <= x.size(2) &&
               d_k % 2 == 0, "rotate_: contiguous float32 (b, t, n) with heads · d_k <= n, d_k even");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
               sin.scalar_type() == at::kFloat && cos.numel() == x.size(1) * d_k && sin.numel() == cos.numel(),
               "rotate_: cos and sin (t, d_k) float32");
-  const int64_t b = x.size(0), t = x.size(1), n = x.size(2), half = d_k / 2;
+  const int64_t b = x.size(0), t = x.size(1), n = x.size(2);
   float* X = x.data_ptr<float>();
   const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
-  for (int64_t row = 0; row < b * t; ++row) {
-    const float* c = C + (row % t) * d_k;
-    const float* s = S + (row % t) * d_k;
-    for (int64_t head = 0; head < heads; ++head) {
-      float* x1 = X + row * n + head * d_k;
-      float* x2 = x1 + half;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = x1[i], z = x2[i];
-        x1[i] = a * c[i] - z * s[i];
-        x2[i] = z * c[half + i] + a * s[half + i];
-      }
-    }
-  }
+  for (int64_t row = 0; row < b * t; ++row) turn_heads(X + row * n, heads, d_k, C + (row % t) * d_k, S + (row % t) * d_k);
 }
 
 // Attention of one new query per head over the cache, the step of generation (eq. (1) for a single
@@ -450,8 +496,114 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
 #endif
 }
 
+// A whole generation step of a Llama-style decoder in one call (nn/fused.py says when it applies): for
+// each layer, x += W^O · attention(RoPE(W^QKV · RMSNorm(x))) over the cache, then x += W2 (SiLU(W1 h) ⊙ W3 h)
+// with h = RMSNorm(x). The same products and kernels as the layer by layer path (dot_products,
+// rms_rows, turn_heads, attend_pair), without the hundreds of small PyTorch calls between them.
+
+static const float* optional_data(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+#ifdef __AVX512F__
+// Y (m, n) = X (m, k) W^T + B, W given as its rows (n, k), multiplied by dot products (up to 5 rows of X),
+// or in panels (ceil(n / 16), k, 16), multiplied by panel_products (up to 16).
+static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
+  if (W.dim() == 2) return dot_products(X, m, k, W.data_ptr<float>(), n, B, Y);
+  const float* P = W.data_ptr<float>();
+  switch (m) {
+#define ROWS(M) case M: panel_products<M>(X, k, P, W.size(0), Y, n, B); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+  }
+}
+#endif
+
+torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
+                           const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                           int64_t start, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
+                           int64_t kv_heads, double eps, double scale) {
+  // x: (m, d) float32, each row's new token embedded. params: per layer 12 float32 tensors, the biases empty
+  // where there are none: RMSNorm weight, W^QKV (q heads, then k, then v), its bias, W^O, its bias, RMSNorm
+  // weight, W1, b1, W3, b3, W2, b2; the weights as rows (m <= 5) or in panels (m <= 16; matvec.py's panels). keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k)
+  // whose first `start` positions hold the cache; the new key and value are written at `start`. cos, sin: (d_k)
+  // of the new position. Returns the residual stream after the last layer, (m, d).
+#ifdef __AVX512F__
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) >= 1 && x.size(0) <= 16,
+              "decoder_step: x (m <= 16, d) float32");
+  const int64_t layers = int64_t(keys.size()), m = x.size(0), d = x.size(1), d_k = d / heads;
+  const int64_t per = heads / kv_heads, width = (heads + 2 * kv_heads) * d_k, T = start + 1;
+  TORCH_CHECK(int64_t(params.size()) == 12 * layers && int64_t(values.size()) == layers && heads % kv_heads == 0 &&
+              d_k * heads == d && d_k % 16 == 0 && d_k <= 256, "decoder_step: 12 parameters and one key/value "
+              "buffer per layer, d_k a multiple of 16 up to 256");
+  TORCH_CHECK(cos.numel() == d_k && sin.numel() == d_k && cos.is_contiguous() && sin.is_contiguous(),
+              "decoder_step: cos and sin (d_k)");
+  for (const auto& p : params)
+    TORCH_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous(), "decoder_step: contiguous float32 parameters");
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t w : {1, 3, 6, 8, 10}) {  // W^QKV, W^O, W1, W3, W2
+      const torch::Tensor& W = params[12 * l + w];
+      TORCH_CHECK((W.dim() == 2 && m <= 5) || (W.dim() == 3 && W.size(2) == 16),
+                  "decoder_step: weights as rows (n, k) for up to 5 rows of x, or in panels (n / 16, k, 16)");
+    }
+  for (int64_t l = 0; l < layers; ++l)
+    for (const auto* buffer : {&keys[l], &values[l]})
+      TORCH_CHECK(buffer->dim() == 4 && buffer->is_contiguous() && buffer->scalar_type() == at::kFloat &&
+                  buffer->size(0) == m && buffer->size(1) == kv_heads && buffer->size(2) > start &&
+                  buffer->size(3) == d_k, "decoder_step: key/value buffers (m, kv_heads, capacity > start, d_k)");
+  const int64_t d_ff = params[10].size(1);  // W2: (d, d_ff) as rows, (d / 16, d_ff, 16) in panels
+  torch::Tensor out = x.contiguous().clone();
+  std::vector<float> normed(m * d), qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
+  float* X = out.data_ptr<float>();
+  const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
+  for (int64_t l = 0; l < layers; ++l) {
+    const torch::Tensor* p = params.data() + 12 * l;
+    float *K = keys[l].data_ptr<float>(), *V = values[l].data_ptr<float>();
+    const int64_t capacity = keys[l].size(2);
+    rms_rows(X, m, d, p[0].data_ptr<float>(), float(eps), normed.data());
+    product(normed.data(), m, d, p[1], width, optional_data(p[2]), qkv.data());
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = qkv.data() + r * width;
+      turn_heads(row, heads + kv_heads, d_k, C, S);
+      for (int64_t j = 0; j < kv_heads; ++j) {
+        const int64_t at = ((r * kv_heads + j) * capacity + start) * d_k;
+        std::memcpy(K + at, row + (heads + j) * d_k, d_k * sizeof(float));
+        std::memcpy(V + at, row + (heads + kv_heads + j) * d_k, d_k * sizeof(float));
+      }
+    }
+    at::parallel_for(0, m * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> weights(per * T);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t r = pair / kv_heads, j = pair % kv_heads;
+        const float* queries = qkv.data() + r * width + j * per * d_k;
+        const float* k = K + (r * kv_heads + j) * capacity * d_k;
+        const float* v = V + (r * kv_heads + j) * capacity * d_k;
+        float* o = attended.data() + r * d + j * per * d_k;
+        switch (d_k / 16) {
+#define HEAD(D) case D: attend_pair<D>(queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data(), o); break;
+          HEAD(1) HEAD(2) HEAD(3) HEAD(4) HEAD(5) HEAD(6) HEAD(7) HEAD(8)
+          HEAD(9) HEAD(10) HEAD(11) HEAD(12) HEAD(13) HEAD(14) HEAD(15) HEAD(16)
+#undef HEAD
+        }
+      }
+    });
+    product(attended.data(), m, d, p[3], d, optional_data(p[4]), sublayer.data());
+    for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
+    rms_rows(X, m, d, p[5].data_ptr<float>(), float(eps), normed.data());
+    product(normed.data(), m, d, p[6], d_ff, optional_data(p[7]), gate.data());
+    product(normed.data(), m, d, p[8], d_ff, optional_data(p[9]), up.data());
+    for (int64_t i = 0; i < m * d_ff; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];  // SiLU(W1 h) ⊙ W3 h
+    product(gate.data(), m, d_ff, p[10], d, optional_data(p[11]), sublayer.data());
+    for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
+  }
+  return out;
+#else
+  TORCH_CHECK(false, "decoder_step: compiled without AVX-512");
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("attend_one", &attend_one, "attention of one query per head over a cache");
+  module.def("decoder_step", &decoder_step, "a generation step of a Llama-style decoder through all its layers");
   module.def("matvec", &matvec, "x W^T + b for a few rows x");
   module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row");
   module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows");

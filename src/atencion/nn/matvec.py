@@ -50,6 +50,7 @@ _rotate = None
 _panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512
 _int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI
 _attend_one = None  # attend_one, with AVX-512
+_decoder_step = None  # decoder_step (nn/fused.py), with AVX-512
 _tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
@@ -57,7 +58,8 @@ SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding ste
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _attend_one, _tried
+    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _attend_one, _decoder_step, \
+        _tried
     if _tried:
         return _kernel
     with _lock:
@@ -80,6 +82,7 @@ def kernel():
                     module.rotate_
                 _panels_kernel = module.matmul_panels if module.avx512 else None
                 _attend_one = module.attend_one if module.avx512 else None
+                _decoder_step = module.decoder_step if module.avx512 else None
                 _int8_panels_kernel = module.matmul_int8_panels if module.avx512_vnni else None
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "

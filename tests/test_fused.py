@@ -1,0 +1,141 @@
+"""A Llama-style decoder's generation step through all its layers in one call (atencion/nn/fused.py,
+matvec.cpp's decoder_step): the logits of the full forward pass and of the layer-by-layer path, the
+same greedy tokens, and used exactly where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from atencion.decode.sample import generate_ids
+from atencion.nn import matvec
+from atencion.nn.transformer import Transformer
+from conftest import small_config
+
+LLAMA = dict(arch="decoder", norm="rmsnorm", norm_first=True, positional="rope", activation="swiglu", bias=False,
+             scale_embedding=False, dropout=0.0, d_model=64, d_ff=96, n_heads=4, vocab_size=97)
+LLAMA3 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+
+@pytest.fixture(scope="module")
+def step_kernel():
+    if matvec.kernel() is None or matvec._decoder_step is None:
+        pytest.skip("the kernels did not compile here, or without AVX-512: every step goes layer by layer")
+    return matvec._decoder_step
+
+
+def llama(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(small_config(**{**LLAMA, **overrides})).eval()
+    with torch.no_grad():  # norms away from 1 and biases away from 0, so that a parameter read wrong shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def stepped(model: Transformer, ids: Tensor, prompt: int) -> Tensor:
+    """The logits of every position from ``prompt`` on, the prompt read whole and then one token a step."""
+    state = model.init_state()
+    with torch.no_grad():
+        logits = [model.decode_step(ids[:, :prompt], state)[:, -1:]]
+        logits += [model.decode_step(ids[:, i:i + 1], state) for i in range(prompt, ids.size(1) - 1)]
+    return torch.cat(logits, 1)
+
+
+def spied(monkeypatch, kernel) -> list:
+    calls = []
+    monkeypatch.setattr(matvec, "_decoder_step", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    return calls
+
+
+@pytest.mark.parametrize("rows", [1, 3, matvec.MAX_ROWS, matvec.MAX_ROWS + 1, matvec.PANEL_ROWS])
+@pytest.mark.parametrize("overrides", [{}, dict(n_kv_heads=1), dict(n_kv_heads=2, qkv_bias=True),
+                                       dict(bias=True, rope_scaling=LLAMA3), dict(n_layers=3, d_model=128, d_ff=200,
+                                                                                  n_heads=2, rope_base=500.0)],
+                         ids=["mha", "mqa", "gqa-qwen2-bias", "all-biases-llama3", "d_k-64"])
+def test_each_step_gives_the_full_passs_logits_and_the_layer_by_layers(step_kernel, monkeypatch, rows, overrides):
+    model = llama(**overrides)
+    ids = torch.randint(4, 97, (rows, 75), generator=torch.Generator().manual_seed(rows))
+    calls = spied(monkeypatch, step_kernel)
+    fused = stepped(model, ids, 5)  # 70 steps: the cache's buffers (room for 64 keys at first) grow once
+    assert len(calls) == 69 and calls[0] == (rows, model.cfg.d_model)
+    with torch.no_grad():
+        full = model(ids[:, :-1])[:, 4:]
+    torch.testing.assert_close(fused, full, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("ATENCION_FUSED", "0")
+    by_layer = stepped(model, ids, 5)
+    assert len(calls) == 69
+    torch.testing.assert_close(fused, by_layer, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_generation_gives_the_same_tokens_with_and_without_it(step_kernel, monkeypatch):
+    model = llama(n_kv_heads=2, n_layers=3)
+    prompt = torch.randint(4, 97, (2, 6), generator=torch.Generator().manual_seed(5))
+    calls = spied(monkeypatch, step_kernel)
+    fused = generate_ids(model, prompt, 40, temperature=0.0)
+    assert len(calls) == 39
+    monkeypatch.setenv("ATENCION_FUSED", "0")
+    assert torch.equal(fused, generate_ids(model, prompt, 40, temperature=0.0))
+
+
+def test_speculative_rollback_keeps_the_cache_right(step_kernel, monkeypatch):
+    """A state truncated after fused steps (a rejected draft) goes on from the kept positions."""
+    model = llama(n_kv_heads=2)
+    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
+    calls = spied(monkeypatch, step_kernel)
+    state = model.init_state()
+    with torch.no_grad():
+        model.decode_step(ids[:, :10], state)
+        for i in range(10, 20):
+            model.decode_step(ids[:, i:i + 1], state)
+        state.truncate(15)
+        logits = torch.cat([model.decode_step(ids[:, i:i + 1], state) for i in range(15, 29)], 1)
+        full = model(ids[:, :29])[:, 15:]
+    assert len(calls) == 24
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
+def test_it_is_used_only_where_it_applies(step_kernel, monkeypatch):
+    from atencion.nn.lora import LoraSpec, apply_lora
+
+    calls = spied(monkeypatch, step_kernel)
+    ids = torch.randint(4, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+
+    def steps(model, rows=2):
+        before = len(calls)
+        stepped(model, ids[:1].expand(rows, -1) if rows != 2 else ids, 6)
+        return len(calls) - before
+
+    assert steps(llama()) == 2
+    assert steps(llama(), rows=matvec.PANEL_ROWS) == 2                         # in panels
+    assert steps(llama(), rows=matvec.PANEL_ROWS + 1) == 0                     # more rows: layer by layer
+    assert steps(llama(activation="geglu")) == 0                               # not SwiGLU
+    assert steps(llama(norm="layernorm")) == 0                                 # LayerNorm
+    assert steps(llama(positional="learned")) == 0                             # no RoPE
+    assert steps(llama(attention={"kind": "window", "window": 4})) == 0        # Mistral's window: its own cache
+    assert steps(llama(norm_first=False)) == 0                                 # post-LN
+    training = llama()
+    training.train()                                                           # dropout's place: training
+    assert steps(training) == 0
+    adapted = llama()
+    apply_lora(adapted, LoraSpec(rank=2, alpha=4, dropout=0.0, targets=["attention"]), "base", "0" * 64)
+    adapted.eval()
+    assert steps(adapted) == 0                                                 # LoRA's adapters beside W
+    monkeypatch.setenv("ATENCION_FUSED", "0")
+    assert steps(llama()) == 0
+
+
+def test_a_beam_and_a_gradient_go_layer_by_layer(step_kernel, monkeypatch):
+    calls = spied(monkeypatch, step_kernel)
+    model = llama()
+    state = model.init_state(group=2)  # a beam's rows share one cache
+    with torch.no_grad():
+        model.decode_step(torch.randint(4, 97, (2, 5)), state)
+        model.decode_step(torch.randint(4, 97, (2, 1)), state)
+    state = model.init_state()
+    model.decode_step(torch.randint(4, 97, (1, 5)), state)  # weights that need their gradient
+    model.decode_step(torch.randint(4, 97, (1, 1)), state).sum().backward()
+    assert calls == [] and model.decoder.layers[0].self_attn.in_proj.weight.grad is not None
