@@ -153,17 +153,18 @@ class Decoder(nn.Module):
             keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
             # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
             positions = _relative_terms(self.relative, new.repeat(group), keys.repeat_interleave(group), True, new)
-        self_attn, cross_attn = [], []
         stepped = None if need_weights else fused.step(self, x, state, positions)  # every layer in one call
-        for i, layer in enumerate(self.layers if stepped is None else ()):
-            self_cache = state.self_caches[i] if state is not None else None
-            cross_cache = state.cross_caches[i] if state is not None else None
-            x, w_self, w_cross = layer(x, self_mask, memory, memory_mask, self_cache, cross_cache, need_weights,
-                                       positions=positions, prefix=None if prefix is None else prefix[i])
-            self_attn.append(w_self)
-            cross_attn.append(w_cross)
         if stepped is not None:
             x, self_attn, cross_attn = stepped, [None] * len(self.layers), [None] * len(self.layers)
+        else:
+            self_attn, cross_attn = [], []
+            for i, layer in enumerate(self.layers):
+                self_cache = state.self_caches[i] if state is not None else None
+                cross_cache = state.cross_caches[i] if state is not None else None
+                x, w_self, w_cross = layer(x, self_mask, memory, memory_mask, self_cache, cross_cache, need_weights,
+                                           positions=positions, prefix=None if prefix is None else prefix[i])
+                self_attn.append(w_self)
+                cross_attn.append(w_cross)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if state is not None:
