@@ -100,6 +100,7 @@ def test_speculative_rollback_keeps_the_cache_right(step_kernel, monkeypatch):
 
 def test_it_is_used_only_where_it_applies(step_kernel, monkeypatch):
     from atencion.nn.lora import LoraSpec, apply_lora
+    from atencion.nn.quantize import quantize_int8
 
     calls = spied(monkeypatch, step_kernel)
     ids = torch.randint(4, 97, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -124,6 +125,7 @@ def test_it_is_used_only_where_it_applies(step_kernel, monkeypatch):
     apply_lora(adapted, LoraSpec(rank=2, alpha=4, dropout=0.0, targets=["attention"]), "base", "0" * 64)
     adapted.eval()
     assert steps(adapted) == 0                                                 # LoRA's adapters beside W
+    assert steps(quantize_int8(llama())) == 0                                  # int8 weights
     monkeypatch.setenv("ATENCION_FUSED", "0")
     assert steps(llama()) == 0
 

@@ -3,8 +3,9 @@ each weight matrix, the step's normalisations and rotations, and its attention o
 
 Generating a token multiplies a few rows by every weight of the model, so its time is the time to
 read the weights from memory. ``matvec.cpp``'s dot products (a dot product per weight row, the rows
-split over torch's threads) read them at 12-23 GB/s on the 2-core machines of docs/results.md;
-PyTorch's CPU product (``F.linear``, through MKL) at 9-10 GB/s on one of them and 27 on another. From
+split over torch's threads) read them at 12-23 GB/s on the 2-core machines of docs/results.md,
+and 28-29 taking four weight rows at a time with AVX-512 on a third; PyTorch's CPU product (``F.linear``,
+through MKL) at 9-10 GB/s on one of them and 27-28 on the others. From
 6 to 16 rows the product is bound by arithmetic instead, and ``matmul_panels`` (AVX-512) does it on a
 copy of the weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that
 weight in memory), asking for the weights 2 KB ahead of use: 1.6× ``F.linear``'s GFLOP/s at 16 rows
@@ -23,7 +24,8 @@ where the CPU has AVX-512 VNNI (about 1.5× fbgemm's speed at 16 rows, 1.5-2× a
 products otherwise. Three more kernels do in one call what PyTorch does in several for a decoding
 step's few numbers: ``RMSNorm``, ``rotate_`` (RoPE on the queries and keys in place) and
 ``attend_one`` (the attention of one query per head over the cache, read where it lies: with the
-cache's buffers, nn/cache.py, a step copies nothing but its own keys).
+cache's buffers, nn/cache.py, a step copies nothing but its own keys). ``decoder_step`` runs all of
+them for every layer of a Llama-style decoder in one call (nn/fused.py).
 """
 
 from __future__ import annotations
