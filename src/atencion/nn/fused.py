@@ -79,7 +79,7 @@ def step(decoder: nn.Module, x: Tensor, state: DecoderState | None, positions: R
     extending ``state``'s caches; None where the whole-step kernel does not apply (the caller then
     runs the layers one by one)."""
     if (state is None or state.group != 1 or x.size(1) != 1 or not 0 < x.size(0) <= matvec.PANEL_ROWS
-            or x.dtype != torch.float32 or x.device.type != "cpu" or positions is None
+            or not matvec._inference(x) or x.device.type != "cpu" or positions is None
             or positions.rotary is None or not matvec.eager()):
         return None
     caches = state.self_caches

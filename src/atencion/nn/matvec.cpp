@@ -233,6 +233,21 @@ static void panel_products(const float* X, int64_t k, const float* panels, int64
 }
 #endif
 
+#ifdef __AVX512F__
+// Y (m, n) = X (m, k) W^T + B, W given as its rows (n, k), multiplied by dot products (up to 5 rows of X),
+// or in panels (ceil(n / 16), k, 16), multiplied by panel_products (up to 16).
+static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
+  if (W.dim() == 2) return dot_products(X, m, k, W.data_ptr<float>(), n, B, Y);
+  const float* P = W.data_ptr<float>();
+  switch (m) {
+#define ROWS(M) case M: panel_products<M>(X, k, P, W.size(0), Y, n, B); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+  }
+}
+#endif
+
 torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                             const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32, m <= 16; panels: (ceil(n / 16), k, 16) float32 contiguous; bias: (n) or none.
@@ -242,18 +257,11 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
               panels.size(0) == (n + 15) / 16 && panels.size(1) == x.size(1) && panels.size(2) == 16,
               "matmul_panels: panels (ceil(n / 16), k, 16) float32");
   const torch::Tensor rows = x.contiguous();
-  const int64_t m = rows.size(0), k = rows.size(1), count = panels.size(0);
+  const int64_t m = rows.size(0), k = rows.size(1);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matmul_panels");
-  const float *X = rows.data_ptr<float>(), *P = panels.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
-  switch (m) {
-#define ROWS(M) case M: panel_products<M>(X, k, P, count, Y, n, B); break;
-    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-#undef ROWS
-  }
+  product(rows.data_ptr<float>(), m, k, panels, n, B, y.data_ptr<float>());
   return y;
 #else
   TORCH_CHECK(false, "matmul_panels: compiled without AVX-512");
@@ -502,20 +510,6 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
 
 static const float* optional_data(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
-#ifdef __AVX512F__
-// Y (m, n) = X (m, k) W^T + B, W given as its rows (n, k), multiplied by dot products (up to 5 rows of X),
-// or in panels (ceil(n / 16), k, 16), multiplied by panel_products (up to 16).
-static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
-  if (W.dim() == 2) return dot_products(X, m, k, W.data_ptr<float>(), n, B, Y);
-  const float* P = W.data_ptr<float>();
-  switch (m) {
-#define ROWS(M) case M: panel_products<M>(X, k, P, W.size(0), Y, n, B); break;
-    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-#undef ROWS
-  }
-}
-#endif
 
 torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                            const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
@@ -523,8 +517,9 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
                            int64_t kv_heads, double eps, double scale) {
   // x: (m, d) float32, each row's new token embedded. params: per layer 12 float32 tensors, the biases empty
   // where there are none: RMSNorm weight, W^QKV (q heads, then k, then v), its bias, W^O, its bias, RMSNorm
-  // weight, W1, b1, W3, b3, W2, b2; the weights as rows (m <= 5) or in panels (m <= 16; matvec.py's panels). keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k)
-  // whose first `start` positions hold the cache; the new key and value are written at `start`. cos, sin: (d_k)
+  // weight, W1, b1, W3, b3, W2, b2; the weights as rows (m <= 5) or in panels (m <= 16; matvec.py's panels).
+  // keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k) whose first `start` positions hold the
+  // cache; the new key and value are written at `start`. cos, sin: (d_k)
   // of the new position. Returns the residual stream after the last layer, (m, d).
 #ifdef __AVX512F__
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) >= 1 && x.size(0) <= 16,
