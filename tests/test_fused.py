@@ -141,3 +141,28 @@ def test_a_beam_and_a_gradient_go_layer_by_layer(step_kernel, monkeypatch):
     model.decode_step(torch.randint(4, 97, (1, 5)), state)  # weights that need their gradient
     model.decode_step(torch.randint(4, 97, (1, 1)), state).sum().backward()
     assert calls == [] and model.decoder.layers[0].self_attn.in_proj.weight.grad is not None
+
+
+def test_a_step_given_a_mask_goes_layer_by_layer_and_keeps_it(step_kernel, monkeypatch):
+    """The kernel has no mask: a caller of the decoder that hides some cached keys from the new token
+    gets the layer-by-layer path, which hides them."""
+    calls = spied(monkeypatch, step_kernel)
+    model = llama(n_kv_heads=2)
+    ids = torch.randint(4, 97, (1, 7), generator=torch.Generator().manual_seed(3))
+    hide = torch.ones(1, 1, 1, 7, dtype=torch.bool)
+    hide[..., 1:3] = False  # the new token does not see places 1 and 2
+
+    def last_hidden(mask):
+        state = model.init_state()
+        with torch.no_grad():
+            model.decode_step(ids[:, :6], state)
+            return model.decoder(ids[:, 6:], None, mask, None, state, first=False)[0]
+
+    masked, unmasked = last_hidden(hide), last_hidden(None)
+    assert len(calls) == 1  # the unmasked step only
+    with torch.no_grad():
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()
+        causal[6, 1:3] = False
+        full = model.decoder(ids, None, causal[None, None], None)[0][:, 6:]
+    torch.testing.assert_close(masked, full, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(masked, unmasked, atol=1e-3)
