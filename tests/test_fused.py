@@ -166,3 +166,21 @@ def test_a_step_given_a_mask_goes_layer_by_layer_and_keeps_it(step_kernel, monke
         full = model.decoder(ids, None, causal[None, None], None)[0][:, 6:]
     torch.testing.assert_close(masked, full, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(masked, unmasked, atol=1e-3)
+
+
+@pytest.mark.parametrize("which,shape", [(1, (60, 64)), (6, (96, 65)), (10, (64, 95)), (2, (7,)), (5, (63,))],
+                         ids=["W_qkv-rows", "W1-columns", "W2-columns", "qkv-bias", "norm"])
+def test_the_kernel_refuses_parameters_of_the_wrong_shape(step_kernel, which, shape):
+    """A parameter that does not fit the step's shapes is an error, not a read past its end."""
+    from atencion.nn import fused
+
+    model = llama(n_layers=1)
+    state = model.init_state()
+    with torch.no_grad():
+        params = fused.plan(model.decoder, 1)
+        model.decode_step(torch.randint(4, 97, (1, 3)), state)
+    params[which] = torch.zeros(shape)
+    rooms = [c.room(4) for c in state.self_caches]
+    x, cs = torch.zeros(1, 64), torch.zeros(16)
+    with pytest.raises(RuntimeError, match="decoder_step: (each weight|RMSNorm)"):
+        step_kernel(x, params, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)

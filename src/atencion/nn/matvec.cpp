@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -526,25 +527,29 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
               "decoder_step: x (m <= 16, d) float32");
   const int64_t layers = int64_t(keys.size()), m = x.size(0), d = x.size(1), d_k = d / heads;
   const int64_t per = heads / kv_heads, width = (heads + 2 * kv_heads) * d_k, T = start + 1;
-  TORCH_CHECK(int64_t(params.size()) == 12 * layers && int64_t(values.size()) == layers && heads % kv_heads == 0 &&
-              d_k * heads == d && d_k % 16 == 0 && d_k <= 256, "decoder_step: 12 parameters and one key/value "
-              "buffer per layer, d_k a multiple of 16 up to 256");
+  TORCH_CHECK(layers >= 1 && int64_t(params.size()) == 12 * layers && int64_t(values.size()) == layers &&
+              heads % kv_heads == 0 && d_k * heads == d && d_k % 16 == 0 && d_k <= 256,
+              "decoder_step: 12 parameters and one key/value buffer per layer, d_k a multiple of 16 up to 256");
   TORCH_CHECK(cos.numel() == d_k && sin.numel() == d_k && cos.is_contiguous() && sin.is_contiguous(),
               "decoder_step: cos and sin (d_k)");
   for (const auto& p : params)
     TORCH_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous(), "decoder_step: contiguous float32 parameters");
-  for (int64_t l = 0; l < layers; ++l)
-    for (int64_t w : {1, 3, 6, 8, 10}) {  // W^QKV, W^O, W1, W3, W2
-      const torch::Tensor& W = params[12 * l + w];
-      TORCH_CHECK((W.dim() == 2 && m <= 5) || (W.dim() == 3 && W.size(2) == 16),
-                  "decoder_step: weights as rows (n, k) for up to 5 rows of x, or in panels (n / 16, k, 16)");
+  const int64_t d_ff = params[10].size(1);  // W2: (d, d_ff) as rows, (d / 16, d_ff, 16) in panels
+  for (int64_t l = 0; l < layers; ++l) {
+    TORCH_CHECK(params[12 * l].numel() == d && params[12 * l + 5].numel() == d, "decoder_step: RMSNorm weights (d)");
+    for (auto [w, n, k] : {std::array<int64_t, 3>{1, width, d}, {3, d, d}, {6, d_ff, d}, {8, d_ff, d}, {10, d, d_ff}}) {
+      const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];  // W^QKV, W^O, W1, W3, W2
+      TORCH_CHECK(((W.dim() == 2 && m <= 5 && W.size(0) == n) || (W.dim() == 3 && W.size(0) == (n + 15) / 16 &&
+                   W.size(2) == 16)) && W.size(1) == k && (B.numel() == 0 || B.numel() == n),
+                  "decoder_step: each weight (n, k) as rows for up to 5 rows of x or in panels (ceil(n / 16), k, 16), "
+                  "its bias (n) or empty");
     }
+  }
   for (int64_t l = 0; l < layers; ++l)
     for (const auto* buffer : {&keys[l], &values[l]})
       TORCH_CHECK(buffer->dim() == 4 && buffer->is_contiguous() && buffer->scalar_type() == at::kFloat &&
                   buffer->size(0) == m && buffer->size(1) == kv_heads && buffer->size(2) > start &&
                   buffer->size(3) == d_k, "decoder_step: key/value buffers (m, kv_heads, capacity > start, d_k)");
-  const int64_t d_ff = params[10].size(1);  // W2: (d, d_ff) as rows, (d / 16, d_ff, 16) in panels
   torch::Tensor out = x.contiguous().clone();
   std::vector<float> normed(m * d), qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
   float* X = out.data_ptr<float>();
