@@ -74,11 +74,14 @@ def plan(decoder: nn.Module, rows: int) -> list[Tensor] | None:
     return params
 
 
-def step(decoder: nn.Module, x: Tensor, state: DecoderState | None, positions: RelativeTerms | None) -> Tensor | None:
+def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState | None,
+         positions: RelativeTerms | None) -> Tensor | None:
     """The residual stream after every layer for ``x`` (rows, 1, d_model), the new tokens embedded,
     extending ``state``'s caches; None where the whole-step kernel does not apply (the caller then
-    runs the layers one by one)."""
-    if (state is None or state.group != 1 or x.size(1) != 1 or not 0 < x.size(0) <= matvec.PANEL_ROWS
+    runs the layers one by one): among others, a step given a self-attention ``mask`` (the kernel
+    has none: every new token sees its whole cache)."""
+    if (mask is not None or state is None or state.group != 1 or x.size(1) != 1
+            or not 0 < x.size(0) <= matvec.PANEL_ROWS
             or not matvec._inference(x) or x.device.type != "cpu" or positions is None
             or positions.rotary is None or not matvec.eager()):
         return None

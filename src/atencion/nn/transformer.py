@@ -153,8 +153,7 @@ class Decoder(nn.Module):
             keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
             # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
             positions = _relative_terms(self.relative, new.repeat(group), keys.repeat_interleave(group), True, new)
-        # every layer in one call, where the step needs no mask (one new token, no beam)
-        stepped = None if need_weights or self_mask is not None else fused.step(self, x, state, positions)
+        stepped = None if need_weights else fused.step(self, x, self_mask, state, positions)  # every layer in one call
         if stepped is not None:
             x, self_attn, cross_attn = stepped, [None] * len(self.layers), [None] * len(self.layers)
         else:
