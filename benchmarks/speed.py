@@ -516,8 +516,8 @@ def llama_cpp_engine(path: Path, prompt: torch.Tensor):
     set_verbose(False)  # llama.cpp's loading report: errors only
     rows, length = prompt.shape
     model_params = llama_cpp.llama_model_default_params()
-    # no extra buffer types: on a CPU with AMX, llama.cpp 0.3.36 repacks q8_0 weights for it and its AMX
-    # product crashes here (a protection fault in libggml-cpu); without them it runs its AVX-512 kernels
+    # no extra buffer types (AMX, repacked layouts): on this CPU, which has AMX, llama.cpp 0.3.36's q8_0 product
+    # through them crashed (a protection fault in libggml-cpu); without them it runs its AVX-512 kernels
     model_params.use_extra_bufts = False
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
     params = llama_cpp.llama_context_default_params()
