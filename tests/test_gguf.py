@@ -346,8 +346,9 @@ def test_gguf_export_refuses_what_llama_cpp_has_no_architecture_for(case, tokeni
 def test_gguf_export_refuses_tokenizers_llama_cpp_would_read_otherwise(lines, tmp_path):
     unigram = Tokenizer.train_text(lines, vocab_size=60, model_type="unigram")
     whitespace = Tokenizer.train_text(lines, kind="whitespace")
+    subwords = Tokenizer.train_text(lines, kind="subword-nmt", vocab_size=20)
     for tokenizer, named in [(unigram, "a unigram SentencePiece model"), (whitespace, "whitespace"),
-                             (None, "no tokenizer")]:
+                             (subwords, "data.tokenizer subword-nmt cannot be exported"), (None, "no tokenizer")]:
         size = tokenizer.vocab_size if tokenizer is not None else 60
         with pytest.raises(AtencionError, match=named):
             export(small_model(vocab_size=size, **LLAMA), tmp_path / "out", "gguf", tokenizer)

@@ -1,6 +1,6 @@
-"""Subwords with SentencePiece (BPE or unigram), characters (``CharVocab``, for nanoGPT-style
-language models) or whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps),
-trained on the training data, stored beside the model; or the tokenizer of a Hugging Face
+"""Subwords with SentencePiece (BPE or unigram) or with subword-nmt's BPE (``SubwordNmtVocab``, the
+published translation setups'), characters (``CharVocab``, for nanoGPT-style language models) or
+whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps), trained on the training data, stored beside the model; or the tokenizer of a Hugging Face
 model directory, run by the library that wrote it (data/hf_tokenizer.py: ``foreign``).
 
 In atencion's own vocabularies ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2,
@@ -10,6 +10,7 @@ tokenizer has its own (``Tokenizer.specials``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -177,7 +178,51 @@ class WhitespaceVocab(CharVocab):
         return text.split()
 
 
-VOCABS = {vocab.kind: vocab for vocab in (CharVocab, WhitespaceVocab)}  # data.tokenizer → the vocabulary class
+class SubwordNmtVocab(WhitespaceVocab):
+    """Byte-pair encoding as subword-nmt learns and applies it (Sennrich et al., 2016), the joint
+    vocabulary of the published Transformer setups (``subword-nmt learn-bpe -s MERGES`` on both
+    languages' training text, then ``apply-bpe``): each whitespace-separated word is split into
+    characters with an end-of-word mark, and the most frequent adjacent pair (seen at least twice)
+    is merged, ``merges`` times; text is segmented by replaying the merges in that order, a piece
+    that a word continues after ending in ``@@``. The pieces are the special tokens, then every
+    piece of the segmented training text in code-point order; a piece never seen (a new character)
+    is ``<unk>``. ``decode`` joins the pieces and removes the ``@@ `` marks. Unlike SentencePiece it
+    reads whitespace-tokenized text (Multi30k's tok/ files) and keeps no record of spacing."""
+
+    kind, unit, MARK, VERSION = "subword-nmt", "piece", "@@", "#version: 0.2"
+
+    def __init__(self, pieces: list[str], merges: list[str]):
+        from subword_nmt.apply_bpe import BPE
+
+        super().__init__(pieces)
+        self.merges = list(merges)
+        codes = "".join(f"{merge}\n" for merge in self.merges)  # in the format of subword-nmt 0.2's codes files
+        self.bpe = BPE(io.StringIO(f"{self.VERSION}\n{codes}"), separator=self.MARK)
+
+    def split(self, text: str) -> list[str]:
+        return self.bpe.segment_tokens(text.split())
+
+    @classmethod
+    def train(cls, texts: Iterable[str], symbols: tuple[str, ...] = (), merges: int = 10000) -> "SubwordNmtVocab":
+        from subword_nmt.learn_bpe import learn_bpe
+
+        texts = list(texts)
+        codes = io.StringIO()
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+            learn_bpe(io.StringIO("".join(f"{text}\n" for text in texts)), codes, merges)
+        learned = [line for line in codes.getvalue().splitlines() if line != cls.VERSION]
+        vocab = cls(list(SPECIALS), learned)
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(vocab.split(text))
+        return cls([*SPECIALS, *symbols, *sorted(seen.difference(SPECIALS, symbols))], learned)
+
+    def decode(self, ids: list[int]) -> str:
+        text = super().decode(ids).replace(f"{self.MARK} ", "")
+        return text[: -len(self.MARK)] if text.endswith(self.MARK) else text
+
+
+VOCABS = {vocab.kind: vocab for vocab in (CharVocab, WhitespaceVocab, SubwordNmtVocab)}  # data.tokenizer → its class
 
 
 class Tokenizer:
@@ -217,7 +262,7 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """The data.tokenizer that made it: "char", "whitespace" or "sentencepiece"; or, for a Hugging
+        """The data.tokenizer that made it: "char", "whitespace", "subword-nmt" or "sentencepiece"; or, for a Hugging
         Face tokenizer, "huggingface" (tokenizer.json) or "marian" (SentencePiece and vocab.json)."""
         return getattr(self.src, "kind", "sentencepiece")
 
@@ -265,15 +310,22 @@ class Tokenizer:
                    model_type: str = "bpe", character_coverage: float = 1.0,
                    symbols: tuple[str, ...] = ()) -> "Tokenizer":
         """One vocabulary for a single-stack model, from plain text: characters (``kind`` "char"),
-        whitespace-separated symbols ("whitespace") or SentencePiece pieces; ``symbols`` such as
-        ``<mask>`` get ids of their own."""
+        whitespace-separated symbols ("whitespace"), subword-nmt's BPE pieces ("subword-nmt",
+        ``vocab_size`` merges) or SentencePiece pieces; ``symbols`` such as ``<mask>`` get ids of
+        their own."""
+        if kind == SubwordNmtVocab.kind:
+            return cls(SubwordNmtVocab.train(texts, symbols, vocab_size))
         if kind in VOCABS:
             return cls(VOCABS[kind].train(texts, symbols))
         return cls(_train_one(texts, vocab_size, model_type, character_coverage, symbols=symbols))
 
     @classmethod
     def train(cls, pairs: list[tuple[str, str]], vocab_size: int = 8000, model_type: str = "bpe",
-              joint: bool = True, character_coverage: float = 1.0) -> "Tokenizer":
+              joint: bool = True, character_coverage: float = 1.0, kind: str = "sentencepiece") -> "Tokenizer":
+        """Source and target vocabularies for a translator: SentencePiece's (joint or one a side)
+        or subword-nmt's joint BPE (``kind`` "subword-nmt", ``vocab_size`` merges)."""
+        if kind == SubwordNmtVocab.kind:
+            return cls.train_text([s for pair in pairs for s in pair], kind, vocab_size)
         if model_type not in ("bpe", "unigram"):
             raise AtencionError(f"data.model_type must be 'bpe' or 'unigram', got {model_type!r}")
         if joint:
@@ -307,7 +359,8 @@ class Tokenizer:
             return
         if self.kind in VOCABS:
             info = {"kind": self.kind, "joint": True, "src_vocab_size": self.src_vocab_size,
-                    "tgt_vocab_size": self.src_vocab_size, "pieces": self.src.pieces}
+                    "tgt_vocab_size": self.src_vocab_size, "pieces": self.src.pieces,
+                    **({"merges": self.src.merges} if self.kind == SubwordNmtVocab.kind else {})}
             atomic_write_bytes(directory / INFO_FILE, (json.dumps(info, indent=1) + "\n").encode())
             return
         files = {JOINT_FILE: self.src} if self.joint else {SRC_FILE: self.src, TGT_FILE: self.tgt}
@@ -333,7 +386,13 @@ class Tokenizer:
                     or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces)):
                 raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'pieces')}: "
                                     f"'pieces' must list {list(SPECIALS)} and then distinct {vocab.unit}s")
-            return cls(vocab(pieces))
+            if vocab is not SubwordNmtVocab:
+                return cls(vocab(pieces))
+            merges = info.get("merges")
+            if not isinstance(merges, list) or not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
+                raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'merges')}: "
+                                    f"'merges' must list subword-nmt's merges, each two pieces and one space")
+            return cls(vocab(pieces, merges))
         names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
         models = []
         for name in names:

@@ -86,8 +86,8 @@ def check_tokenizer(tokenizer) -> None:
     if tokenizer is None:
         raise AtencionError(f"{WHO}: the model has no tokenizer (tokenizer.json in the model directory); "
                             f"llama.cpp reads the vocabulary from the GGUF file")
-    if tokenizer.kind == "whitespace":
-        raise AtencionError(f"{WHO}: data.tokenizer whitespace cannot be exported; llama.cpp has no "
+    if tokenizer.kind in ("whitespace", "subword-nmt"):
+        raise AtencionError(f"{WHO}: data.tokenizer {tokenizer.kind} cannot be exported; llama.cpp has no "
                             f"whitespace-separated vocabulary")
     if tokenizer.kind == "char":
         if SPACE in tokenizer.src.pieces:

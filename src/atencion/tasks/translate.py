@@ -74,7 +74,8 @@ class TranslateTask(Task):
 
     def train_tokenizer(self) -> Tokenizer:
         d = self.cfg.data
-        return Tokenizer.train(self.train_pairs, d.vocab_size, d.model_type, d.joint, d.character_coverage)
+        return Tokenizer.train(self.train_pairs, d.vocab_size, d.model_type, d.joint, d.character_coverage,
+                               d.tokenizer)
 
     def encode(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -44,12 +44,13 @@ class DataConfig:
     block_size: int = 256               # lm: tokens per training block (the context length)
     mask_probability: float = 0.15      # mlm: share of the tokens chosen for prediction (BERT: 15%)
     header: str = "auto"                # classify TSV: "auto" (a first line whose label is no label), "yes", "no"
-    tokenizer: str = "sentencepiece"    # "sentencepiece" (model_type, vocab_size), "char" (one per character) or
-                                        # "whitespace" (one per whitespace-separated symbol)
+    tokenizer: str = "sentencepiece"    # "sentencepiece" (model_type, vocab_size), "subword-nmt" (joint BPE of
+                                        # vocab_size merges, on whitespace-tokenized text), "char" (one per
+                                        # character) or "whitespace" (one per whitespace-separated symbol)
     empty_lines: str = "skip"           # "skip" (drop and count) or "error"
     max_len: int = 256                  # pairs (mlm, classify: sentences) longer than this many tokens are
                                         # dropped (counted)
-    vocab_size: int = 8000              # SentencePiece vocabulary (joint: one for both sides)
+    vocab_size: int = 8000              # SentencePiece vocabulary (joint: one for both sides); subword-nmt: merges
     model_type: str = "bpe"             # "bpe" or "unigram"
     joint: bool = True                  # one vocabulary for source and target
     character_coverage: float = 1.0
@@ -361,7 +362,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     choices = [("data.empty_lines", d.empty_lines, ("skip", "error")),
                ("data.model_type", d.model_type, ("bpe", "unigram")),
                ("data.header", d.header, ("auto", "yes", "no")),
-               ("data.tokenizer", d.tokenizer, ("sentencepiece", "char", "whitespace")),
+               ("data.tokenizer", d.tokenizer, ("sentencepiece", "subword-nmt", "char", "whitespace")),
                ("train.early_stop_metric", cfg.early_stop_metric,
                 tuple(dict.fromkeys(m for spec in TASKS.values() for m in ("loss", *spec.metrics)))),
                ("train.schedule", t.schedule, ("inverse_sqrt", "cosine", "constant")),
@@ -401,9 +402,11 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                             f"set train.max_steps")
     if cfg.task != "translate" and d.tokenizer == "sentencepiece" and not d.joint:
         raise AtencionError(f"{source}: data.joint: false is for translation; task {cfg.task!r} has one vocabulary")
-    if cfg.task == "translate" and d.tokenizer != "sentencepiece":
+    if cfg.task == "translate" and d.tokenizer not in ("sentencepiece", "subword-nmt"):
         raise AtencionError(f"{source}: data.tokenizer: {d.tokenizer} is for the single-stack tasks (lm, mlm, "
                             f"classify)")
+    if d.tokenizer == "subword-nmt" and not d.joint:
+        raise AtencionError(f"{source}: data.tokenizer: subword-nmt learns one joint vocabulary; set data.joint: true")
     if (d.train_tokens is not None or d.valid_tokens is not None or d.tokenizer_dir is not None) \
             and cfg.task != "lm":
         raise AtencionError(f"{source}: data.train_tokens, data.valid_tokens and data.tokenizer_dir are for task lm")
