@@ -22,7 +22,7 @@ LLAMA3 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_fa
 @pytest.fixture(scope="module")
 def step_kernel():
     if matvec.kernel() is None or matvec._decoder_step is None:
-        pytest.skip("the kernels did not compile here, or without AVX-512: every step goes layer by layer")
+        pytest.skip("the kernels did not compile here, or without AVX-512 or AVX2: every step goes layer by layer")
     return matvec._decoder_step
 
 

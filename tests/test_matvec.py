@@ -301,7 +301,7 @@ def test_panels_are_made_again_after_an_optimizer_step(panels_kernel, fused):
 @pytest.fixture(scope="module")
 def attend_kernel(kernel):
     if matvec._attend_one is None:
-        pytest.skip("the kernel was compiled without AVX-512: attention goes to PyTorch's")
+        pytest.skip("the kernel was compiled without AVX-512 or AVX2: attention goes to PyTorch's")
     return matvec._attend_one
 
 
@@ -319,6 +319,21 @@ def test_one_query_attends_as_torchs_attention_does(attend_kernel, shape):
     torch.testing.assert_close(matvec.attend_one(q, k, v, 0.5),
                                F.scaled_dot_product_attention(q, k, v, scale=0.5, enable_gqa=g != h),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_weights_far_below_the_largest_underflow_to_zero_and_not_to_garbage(attend_kernel):
+    """Scores exact by construction (one feature), 0 to 300 below the largest: the weights of those
+    more than 87 below are under float32's least normal number (AVX2's exponential gives 0, AVX-512's
+    subnormals), nothing beside the largest's 1; the output is the float64 softmax's to rounding."""
+    scores = torch.tensor([-1.0, 0.0, -3.5, -50.0, -86.0, -87.5, -88.0, -100.0, -103.0, -104.0, -105.0, -126.0,
+                           -150.0, -200.0, -300.0, -2.0, -0.5, -90.0, -1000.0])  # 19 keys: a partial block
+    q = torch.zeros(1, 2, 1, 32)
+    q[0, :, 0, 0] = 1.0
+    k = torch.zeros(1, 1, scores.numel(), 32)
+    k[0, 0, :, 0] = scores
+    v = torch.randn(1, 1, scores.numel(), 32, generator=torch.Generator().manual_seed(0))
+    expected = (scores.double().softmax(0) @ v[0, 0].double()).float().expand(1, 2, 1, 32)
+    torch.testing.assert_close(matvec.attend_one(q, k, v, 1.0), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_one_query_attends_over_strided_views_of_a_cache(attend_kernel):

@@ -1,7 +1,8 @@
 """Subwords with SentencePiece (BPE or unigram) or with subword-nmt's BPE (``SubwordNmtVocab``, the
 published translation setups'), characters (``CharVocab``, for nanoGPT-style language models) or
-whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps), trained on the training data, stored beside the model; or the tokenizer of a Hugging Face
-model directory, run by the library that wrote it (data/hf_tokenizer.py: ``foreign``).
+whitespace-separated symbols (``WhitespaceVocab``, for LRA's ListOps), trained on the training data,
+stored beside the model; or the tokenizer of a Hugging Face model directory, run by the library that
+wrote it (data/hf_tokenizer.py: ``foreign``).
 
 In atencion's own vocabularies ids 0–3 are reserved to match ModelConfig: pad 0, unk 1, bos 2,
 eos 3; a vocabulary for masked language modelling also holds ``<mask>``. A Hugging Face

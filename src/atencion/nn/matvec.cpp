@@ -11,7 +11,7 @@
 // does what PyTorch's dynamic int8 linear (fbgemm) does, in the same integers: the rows are
 // quantized together to unsigned bytes with one scale and zero point from their range
 // (reduce_range), each dot product is summed exactly in int32, and the sum is rescaled to float32.
-// Where the CPU has AVX-512 VNNI, vpdpbusd multiplies and adds 64 bytes at a time.
+// Where the CPU has AVX-512 VNNI, vpdpbusd multiplies and adds 64 bytes at a time; with AVX2, vpmaddubsw 32.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -22,8 +22,80 @@
 #include <cstring>
 #include <optional>
 #include <vector>
-#if defined(__AVX512F__) || defined(__AVX512VNNI__)
+#if defined(__AVX512F__) || defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// The vector registers the float32 kernels are written in: AVX-512's 16 floats or, on a CPU without it,
+// AVX2's 8 (with FMA); SIMD is their width, 0 where there is neither (then only the portable loops below
+// are compiled, and matvec.py uses PyTorch where they would have run).
+#if defined(__AVX512F__)
+#define SIMD 16
+typedef __m512 vec;
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vset(float a) { return _mm512_set1_ps(a); }
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vfmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+// the first `count` (< 16) floats at p, and zeros; a vector's first `count` lanes stored at p; lanes past count made 0
+static inline __mmask16 lanes(int64_t count) { return __mmask16((1u << count) - 1); }
+static inline vec vload_part(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(lanes(count), p); }
+static inline void vstore_part(float* p, vec a, int64_t count) { _mm512_mask_storeu_ps(p, lanes(count), a); }
+static inline vec vkeep(vec a, int64_t count) { return _mm512_maskz_mov_ps(lanes(count), a); }
+// e^x for x <= 0 (scores less their maximum): 2^n · e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by its
+// Taylor series to r^7 (relative error below 1e-8 before float32 rounding); 2^n by scalef, down to 0.
+static inline vec vexp_nonpositive(vec x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));  // e^-104 is below float32's least subnormal: 0 from scalef
+  const vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vec r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  vec p = _mm512_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SIMD 8
+typedef __m256 vec;
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vset(float a) { return _mm256_set1_ps(a); }
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vfmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vsum(vec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline __m256i lanes(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vec vload_part(const float* p, int64_t count) { return _mm256_maskload_ps(p, lanes(count)); }
+static inline void vstore_part(float* p, vec a, int64_t count) { _mm256_maskstore_ps(p, lanes(count), a); }
+static inline vec vkeep(vec a, int64_t count) { return _mm256_and_ps(a, _mm256_castsi256_ps(lanes(count))); }
+// e^x for x <= 0, as above; 2^n made from its exponent bits, so for x below -87 (e^x under float32's least
+// normal number, nothing next to the maximum's e^0 = 1) it gives 0.
+static inline vec vexp_nonpositive(vec x) {
+  const vec tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const vec n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vec r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+  vec p = _mm256_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(power)), tiny);
+}
+#else
+#define SIMD 0
 #endif
 
 // The bias' floats (n of them, made contiguous into `kept`), or null without a bias.
@@ -45,46 +117,50 @@ static inline void prefetch_ahead(const void* row, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(start + i);
 }
 
-#ifdef __AVX512F__
-// Four rows of W at a time, o to o + 3, times each of the M rows of X: 4·M vector accumulators, summed
+#if SIMD
+// J rows of W at a time, o to o + J - 1, times each of the M rows of X: M·J vector accumulators, summed
 // across their lanes at the end (no prefetching: asking for the next rows ahead made it slower).
-template <int M>
-static void four_dot_products(const float* __restrict X, int64_t k, const float* __restrict W, int64_t n,
+template <int M, int J>
+static void rows_dot_products(const float* __restrict X, int64_t k, const float* __restrict W, int64_t n,
                               int64_t o, const float* B, float* __restrict Y) {
-  __m512 acc[M][4];
+  vec acc[M][J];
   for (int r = 0; r < M; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < J; ++j) acc[r][j] = vzero();
   const float* w = W + o * k;
-  for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 mask = k - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - i)) - 1);
-    __m512 wj[4];
-    for (int j = 0; j < 4; ++j) {
-      wj[j] = _mm512_maskz_loadu_ps(mask, w + j * k + i);
-    }
+  const auto step = [&](int64_t i, auto load) {
+    vec wj[J];
+    for (int j = 0; j < J; ++j) wj[j] = load(w + j * k + i);
     for (int r = 0; r < M; ++r) {
-      const __m512 x = _mm512_maskz_loadu_ps(mask, X + r * k + i);
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(x, wj[j], acc[r][j]);
+      const vec x = load(X + r * k + i);
+      for (int j = 0; j < J; ++j) acc[r][j] = vfmadd(x, wj[j], acc[r][j]);
     }
-  }
+  };
+  const int64_t whole = k - k % SIMD;
+  for (int64_t i = 0; i < whole; i += SIMD) step(i, [](const float* p) { return vload(p); });
+  if (whole < k) step(whole, [&](const float* p) { return vload_part(p, k - whole); });
   for (int r = 0; r < M; ++r)
-    for (int j = 0; j < 4; ++j) {
-      const float sum = _mm512_reduce_add_ps(acc[r][j]);
+    for (int j = 0; j < J; ++j) {
+      const float sum = vsum(acc[r][j]);
       Y[r * n + o + j] = B ? sum + B[o + j] : sum;
     }
 }
+
+// How many rows of W rows_dot_products takes at a time for M rows of X: four, or fewer where M·J accumulators
+// and J weights would not fit AVX2's 16 registers (AVX-512 has 32).
+template <int M>
+constexpr int ROWS_OF_W = SIMD == 16 || M <= 2 ? 4 : 2;
 #endif
 
 // Y (m, n) = X (m, k) W^T + B by dot products, the output rows split over torch's threads: each row of
 // W is read once, from start to end, and multiplied by every row of X while it is in the L1 cache.
 static void dot_products(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-#ifdef __AVX512F__
-    if (m <= 5) {
-      for (; begin + 4 <= end; begin += 4) switch (m) {
-#define ROWS(M) case M: four_dot_products<M>(X, k, W, n, begin, B, Y); break;
-        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
+#if SIMD
+    switch (m) {
+#define ROWS(M) case M: for (; begin + ROWS_OF_W<M> <= end; begin += ROWS_OF_W<M>) \
+                          rows_dot_products<M, ROWS_OF_W<M>>(X, k, W, n, begin, B, Y); break;
+      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
 #undef ROWS
-      }
     }
 #endif
     for (int64_t o = begin; o < end; ++o) {
@@ -125,6 +201,22 @@ static int32_t dot_int8(const uint8_t* q, const int8_t* w, int64_t k) {
     sum = _mm512_dpbusd_epi32(sum, _mm512_maskz_loadu_epi8(tail, q + i), _mm512_maskz_loadu_epi8(tail, w + i));
   }
   return _mm512_reduce_add_epi32(sum);
+#elif defined(__AVX2__)
+  // vpmaddubsw multiplies 32 bytes of q by 32 of w and adds neighbouring products into 16-bit lanes: exact,
+  // as q is 7-bit (2 · 127 · 128 < 2^15); vpmaddwd by ones adds those pairs into int32.
+  __m256i sum = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+  }
+  __m128i half = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4e));
+  int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(half, _mm_shuffle_epi32(half, 0xb1)));
+  for (; i < k; ++i) total += int32_t(q[i]) * int32_t(w[i]);
+  return total;
 #else
   int32_t sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -202,39 +294,63 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
 // From 6 to 16 rows (a batch of sentences, a beam) reading each weight once per row no longer pays:
 // the product is bound by arithmetic, not memory. matmul_panels takes the weight in panels of 16
 // rows stored column by column, (n / 16, k, 16) (matvec.py makes this copy once), and keeps one
-// 16-wide accumulator per row of x in a register: each step loads 16 weights and does one fused
-// multiply-add per row, with no sums across a vector at the end. AVX-512 only (avx512 below says so).
+// 16-wide accumulator per row of x in registers (one AVX-512 vector, or two of AVX2's): each step loads
+// 16 weights and does one fused multiply-add per row and vector, with no sums across a vector at the end.
+// AVX2's 16 registers hold the accumulators of 6 rows at a time, so its panels are read once per 6 rows
+// of x (from the cache after the first).
 
-#ifdef __AVX512F__
+#if SIMD
+constexpr int PANEL_GROUP = SIMD == 16 ? 16 : 6;  // rows of x whose accumulators fit in the registers at once
+
 template <int M>
 static void panel_product(const float* __restrict X, int64_t k, const float* __restrict panel, float* __restrict Y,
                           int64_t n, int64_t first, const float* B) {
-  __m512 acc[M];
+  constexpr int V = 16 / SIMD;  // vectors per 16 weights
+  vec acc[M][V];
 #pragma GCC unroll 16
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < M; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = vzero();
   for (int64_t i = 0; i < k; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(panel + i * 16) + PREFETCH, _MM_HINT_T0);
-    const __m512 w = _mm512_loadu_ps(panel + i * 16);
+    vec w[V];
+    for (int v = 0; v < V; ++v) w[v] = vload(panel + i * 16 + v * SIMD);
 #pragma GCC unroll 16
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(X[r * k + i]), w, acc[r]);
+    for (int r = 0; r < M; ++r) {
+      const vec x = vset(X[r * k + i]);
+      for (int v = 0; v < V; ++v) acc[r][v] = vfmadd(x, w[v], acc[r][v]);
+    }
   }
   const int64_t valid = std::min<int64_t>(16, n - first);  // the last panel may be partly padding
-  const __mmask16 mask = __mmask16((1u << valid) - 1);
-  const __m512 b = B ? _mm512_maskz_loadu_ps(mask, B + first) : _mm512_setzero_ps();
+  for (int v = 0; v < V; ++v) {
+    const int64_t count = std::clamp<int64_t>(valid - v * SIMD, 0, SIMD), at = first + v * SIMD;
+    const vec b = B ? vload_part(B + at, count) : vzero();
 #pragma GCC unroll 16
-  for (int r = 0; r < M; ++r) _mm512_mask_storeu_ps(Y + r * n + first, mask, _mm512_add_ps(acc[r], b));
+    for (int r = 0; r < M; ++r) vstore_part(Y + r * n + at, vadd(acc[r][v], b), count);
+  }
+}
+
+// One panel times M rows of x, PANEL_GROUP rows at a time.
+template <int M>
+static void panel_rows(const float* X, int64_t k, const float* panel, float* Y, int64_t n, int64_t first,
+                       const float* B) {
+  if constexpr (M <= PANEL_GROUP) {
+    panel_product<M>(X, k, panel, Y, n, first, B);
+  } else {
+    panel_product<PANEL_GROUP>(X, k, panel, Y, n, first, B);
+    panel_rows<M - PANEL_GROUP>(X + PANEL_GROUP * k, k, panel, Y + PANEL_GROUP * n, n, first, B);
+  }
 }
 
 template <int M>
 static void panel_products(const float* X, int64_t k, const float* panels, int64_t count, float* Y, int64_t n,
                            const float* B) {
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) panel_product<M>(X, k, panels + p * k * 16, Y, n, p * 16, B);
+    for (int64_t p = begin; p < end; ++p) panel_rows<M>(X, k, panels + p * k * 16, Y, n, p * 16, B);
   });
 }
 #endif
 
-#ifdef __AVX512F__
+#if SIMD
 // Y (m, n) = X (m, k) W^T + B, W given as its rows (n, k), multiplied by dot products (up to 5 rows of X),
 // or in panels (ceil(n / 16), k, 16), multiplied by panel_products (up to 16).
 static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
@@ -252,7 +368,7 @@ static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W
 torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                             const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32, m <= 16; panels: (ceil(n / 16), k, 16) float32 contiguous; bias: (n) or none.
-#ifdef __AVX512F__
+#if SIMD
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_panels: (m <= 16, k) float32");
   TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.scalar_type() == at::kFloat &&
               panels.size(0) == (n + 15) / 16 && panels.size(1) == x.size(1) && panels.size(2) == 16,
@@ -265,7 +381,7 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
   product(rows.data_ptr<float>(), m, k, panels, n, B, y.data_ptr<float>());
   return y;
 #else
-  TORCH_CHECK(false, "matmul_panels: compiled without AVX-512");
+  TORCH_CHECK(false, "matmul_panels: compiled without AVX-512 or AVX2");
 #endif
 }
 
@@ -412,55 +528,57 @@ void rotate_(torch::Tensor& x, int64_t heads, int64_t d_k, const torch::Tensor& 
 // the values, in one pass over the cache with no copy of it. PyTorch's fused kernel spends most of
 // its time on the blocking it does for many queries.
 
-#ifdef __AVX512F__
-// e^x for x <= 0 (scores less their maximum): 2^n · e^r with n = round(x / ln 2), |r| <= ln 2 / 2,
-// e^r by its Taylor series to r^7 (relative error below 1e-8 before float32 rounding).
-static inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));  // e^-104 is below float32's least subnormal: 0 from scalef
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
-
-#ifdef __AVX512F__
+#if SIMD
 // One row's key/value head: the scores of its `per` query heads against the T keys (each query held in
-// registers, D vectors of 16), their softmax, and each head's weighted sum of the values, summed in
-// registers. The keys and values (T · d floats each) are read from memory once and then from the cache.
+// registers, D vectors), their softmax, and each head's weighted sum of the values, summed in registers.
+// The keys and values (T · d floats each) are read from memory once and then from the cache.
 template <int D>
 static void attend_pair(const float* queries, int64_t q_step, int64_t per, const float* keys, int64_t k_step,
                         const float* values, int64_t v_step, int64_t T, float factor, float* weights, float* outputs) {
   for (int64_t j = 0; j < per; ++j) {
-    __m512 query[D];
-    for (int c = 0; c < D; ++c) query[c] = _mm512_mul_ps(_mm512_loadu_ps(queries + j * q_step + 16 * c), _mm512_set1_ps(factor));
+    vec query[D];
+    for (int c = 0; c < D; ++c) query[c] = vmul(vload(queries + j * q_step + SIMD * c), vset(factor));
     float* w = weights + j * T;
     for (int64_t t = 0; t < T; ++t) {
       const float* key = keys + t * k_step;
-      __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(key));
-      for (int c = 1; c < D; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(key + 16 * c), dot);
-      w[t] = _mm512_reduce_add_ps(dot);
+      vec dot = vmul(query[0], vload(key));
+      for (int c = 1; c < D; ++c) dot = vfmadd(query[c], vload(key + SIMD * c), dot);
+      w[t] = vsum(dot);
     }
     const float top = *std::max_element(w, w + T);  // softmax over the T scores
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t t = 0; t < T; t += 16) {
-      const __mmask16 mask = T - t >= 16 ? __mmask16(0xffff) : __mmask16((1u << (T - t)) - 1);
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, w + t), _mm512_set1_ps(top)));
-      _mm512_mask_storeu_ps(w + t, mask, e);
-      total = _mm512_mask_add_ps(total, mask, total, e);
+    vec total = vzero();
+    int64_t t = 0;
+    for (; t + SIMD <= T; t += SIMD) {
+      const vec e = vexp_nonpositive(vsub(vload(w + t), vset(top)));
+      vstore(w + t, e);
+      total = vadd(total, e);
     }
-    const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
-    __m512 out[D];
-    for (int c = 0; c < D; ++c) out[c] = _mm512_setzero_ps();
+    if (t < T) {
+      const vec e = vexp_nonpositive(vsub(vload_part(w + t, T - t), vset(top)));
+      vstore_part(w + t, e, T - t);
+      total = vadd(total, vkeep(e, T - t));
+    }
+    const vec inverse = vset(1.f / vsum(total));
+    vec out[D];
+    for (int c = 0; c < D; ++c) out[c] = vzero();
     for (int64_t t = 0; t < T; ++t) {
-      const __m512 weight = _mm512_set1_ps(w[t]);
+      const vec weight = vset(w[t]);
       const float* value = values + t * v_step;
-      for (int c = 0; c < D; ++c) out[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * c), out[c]);
+      for (int c = 0; c < D; ++c) out[c] = vfmadd(weight, vload(value + SIMD * c), out[c]);
     }
-    for (int c = 0; c < D; ++c) _mm512_storeu_ps(outputs + j * 16 * D + 16 * c, _mm512_mul_ps(out[c], inverse));
+    for (int c = 0; c < D; ++c) vstore(outputs + j * SIMD * D + SIMD * c, vmul(out[c], inverse));
+  }
+}
+
+// attend_pair for heads of d_k = SIMD · D features, D found among those d_k of 16 to 256 in steps of 16.
+template <int D = 16 / SIMD>
+static void attend_head(int64_t d_k, const float* queries, int64_t q_step, int64_t per, const float* keys,
+                        int64_t k_step, const float* values, int64_t v_step, int64_t T, float factor, float* weights,
+                        float* outputs) {
+  if constexpr (D * SIMD <= 256) {
+    if (d_k == D * SIMD)
+      return attend_pair<D>(queries, q_step, per, keys, k_step, values, v_step, T, factor, weights, outputs);
+    attend_head<D + 16 / SIMD>(d_k, queries, q_step, per, keys, k_step, values, v_step, T, factor, weights, outputs);
   }
 }
 #endif
@@ -469,7 +587,7 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
   // q: (b, h, 1, d); k, v: (b, g, T, d), g dividing h, query head j reading key/value head j / (h / g); any
   // strides but 1 along d; d a multiple of 16 up to 256. Returns (b, h, 1, d), laid out as (b, 1, h, d) (the
   // heads side by side).
-#ifdef __AVX512F__
+#if SIMD
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == k.size(0) && q.size(2) == 1 &&
               q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 && k.size(2) > 0,
               "attend_one: q (b, h, 1, d), k and v (b, g, T, d) with g dividing h");
@@ -489,18 +607,13 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
       const float* keys = K + row * k.stride(0) + head * k.stride(1);
       const float* values = V + row * v.stride(0) + head * v.stride(1);
       float* outputs = O + (row * h + head * per) * d;
-      switch (d / 16) {
-#define HEAD(D) case D: attend_pair<D>(queries, q.stride(1), per, keys, k.stride(2), values, v.stride(2), T, factor, \
-                                       weights.data(), outputs); break;
-        HEAD(1) HEAD(2) HEAD(3) HEAD(4) HEAD(5) HEAD(6) HEAD(7) HEAD(8)
-        HEAD(9) HEAD(10) HEAD(11) HEAD(12) HEAD(13) HEAD(14) HEAD(15) HEAD(16)
-#undef HEAD
-      }
+      attend_head(d, queries, q.stride(1), per, keys, k.stride(2), values, v.stride(2), T, factor, weights.data(),
+                  outputs);
     }
   });
   return out.transpose(1, 2);
 #else
-  TORCH_CHECK(false, "attend_one: compiled without AVX-512");
+  TORCH_CHECK(false, "attend_one: compiled without AVX-512 or AVX2");
 #endif
 }
 
@@ -522,7 +635,7 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
   // keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k) whose first `start` positions hold the
   // cache; the new key and value are written at `start`. cos, sin: (d_k)
   // of the new position. Returns the residual stream after the last layer, (m, d).
-#ifdef __AVX512F__
+#if SIMD
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) >= 1 && x.size(0) <= 16,
               "decoder_step: x (m <= 16, d) float32");
   const int64_t layers = int64_t(keys.size()), m = x.size(0), d = x.size(1), d_k = d / heads;
@@ -577,12 +690,7 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
         const float* k = K + (r * kv_heads + j) * capacity * d_k;
         const float* v = V + (r * kv_heads + j) * capacity * d_k;
         float* o = attended.data() + r * d + j * per * d_k;
-        switch (d_k / 16) {
-#define HEAD(D) case D: attend_pair<D>(queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data(), o); break;
-          HEAD(1) HEAD(2) HEAD(3) HEAD(4) HEAD(5) HEAD(6) HEAD(7) HEAD(8)
-          HEAD(9) HEAD(10) HEAD(11) HEAD(12) HEAD(13) HEAD(14) HEAD(15) HEAD(16)
-#undef HEAD
-        }
+        attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data(), o);
       }
     });
     product(attended.data(), m, d, p[3], d, optional_data(p[4]), sublayer.data());
@@ -596,7 +704,7 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
   }
   return out;
 #else
-  TORCH_CHECK(false, "decoder_step: compiled without AVX-512");
+  TORCH_CHECK(false, "decoder_step: compiled without AVX-512 or AVX2");
 #endif
 }
 
@@ -609,11 +717,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("rotate_", &rotate_, "RoPE on the first heads of each position, in place");
   module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows");
   module.def("matmul_int8_panels", &matmul_int8_panels, "matvec_int8's product for up to 16 rows, W in VNNI panels");
-#ifdef __AVX512F__
-  module.attr("avx512") = true;
-#else
-  module.attr("avx512") = false;
-#endif
+  module.attr("simd") = SIMD;  // the float32 kernels' vector width: 16 (AVX-512), 8 (AVX2) or 0
 #ifdef __AVX512VNNI__
   module.attr("avx512_vnni") = true;
 #else

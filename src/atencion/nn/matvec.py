@@ -6,7 +6,7 @@ read the weights from memory. ``matvec.cpp``'s dot products (a dot product per w
 split over torch's threads) read them at 12-23 GB/s on the 2-core machines of docs/results.md,
 and 28-29 taking four weight rows at a time with AVX-512 on a third; PyTorch's CPU product (``F.linear``,
 through MKL) at 9-10 GB/s on one of them and 27-28 on the others. From
-6 to 16 rows the product is bound by arithmetic instead, and ``matmul_panels`` (AVX-512) does it on a
+6 to 16 rows the product is bound by arithmetic instead, and ``matmul_panels`` does it on a
 copy of the weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that
 weight in memory), asking for the weights 2 KB ahead of use: 1.6× ``F.linear``'s GFLOP/s at 16 rows
 (``python benchmarks/matvec.py --rows 16``).
@@ -26,7 +26,10 @@ step's few numbers: ``RMSNorm``, ``rotate_`` (RoPE on the queries and keys in pl
 ``attend_one`` (the attention of one query per head over the cache, read where it lies: with the
 cache's buffers, nn/cache.py, a step copies nothing but its own keys). ``decoder_step`` runs all of
 them for every layer of a Llama-style decoder in one call (nn/fused.py).
-"""
+
+The float32 kernels (dot products, panels, ``attend_one``, ``decoder_step``) are written once over a
+vector type: AVX-512's 16 floats, or AVX2's 8 (with FMA) on a CPU without AVX-512, as most laptops'
+are. The int8 panels need AVX-512 VNNI."""
 
 from __future__ import annotations
 
@@ -49,10 +52,10 @@ _kernel = None
 _kernel_int8 = None
 _rms_norm = None
 _rotate = None
-_panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512
+_panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512 or AVX2
 _int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI
-_attend_one = None  # attend_one, with AVX-512
-_decoder_step = None  # decoder_step (nn/fused.py), with AVX-512
+_attend_one = None  # attend_one, with AVX-512 or AVX2
+_decoder_step = None  # decoder_step (nn/fused.py), with AVX-512 or AVX2
 _tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
@@ -82,9 +85,9 @@ def kernel():
                               extra_cflags=flags, extra_ldflags=["-fopenmp"])
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
                     module.rotate_
-                _panels_kernel = module.matmul_panels if module.avx512 else None
-                _attend_one = module.attend_one if module.avx512 else None
-                _decoder_step = module.decoder_step if module.avx512 else None
+                _panels_kernel = module.matmul_panels if module.simd else None
+                _attend_one = module.attend_one if module.simd else None
+                _decoder_step = module.decoder_step if module.simd else None
                 _int8_panels_kernel = module.matmul_int8_panels if module.avx512_vnni else None
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "

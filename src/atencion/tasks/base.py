@@ -250,9 +250,9 @@ def warn_unseen(tokenizer: Tokenizer, texts: str | list[str], what: str, warn=No
                 lines: list[int] | None = None) -> None:
     """Warn once, by ``warn(message)`` (default: a logging warning), of the symbols of ``texts``
     (characters, whitespace-separated symbols, subword-nmt's pieces) that a character, whitespace
-    or subword-nmt vocabulary lacks and so reads as ``<unk>``: how many, which (in the order they first appear), named by
-    ``what`` and, for a list of texts, the line of the first text holding one (``lines``: the
-    texts' line numbers; default 1, 2, ...). Nothing for SentencePiece, whose pieces cover what
+    or subword-nmt vocabulary lacks and so reads as ``<unk>``: how many, which (in the order they
+    first appear), named by ``what`` and, for a list of texts, the line of the first text holding
+    one (``lines``: the texts' line numbers; default 1, 2, ...). Nothing for SentencePiece, whose pieces cover what
     its training text held, nor for a Hugging Face tokenizer."""
     if tokenizer.kind not in ("char", "whitespace", "subword-nmt"):
         return
