@@ -26,6 +26,13 @@
 #include <immintrin.h>
 #endif
 
+#ifdef __AVX2__
+// AVX2's mask of the first `count` (<= 8) of 8 lanes, for its masked loads and stores
+static inline __m256i lanes8(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 // The vector registers the float32 kernels are written in: AVX-512's 16 floats or, on a CPU without it,
 // AVX2's 8 (with FMA); SIMD is their width, 0 where there is neither (then only the portable loops below
 // are compiled, and matvec.py uses PyTorch where they would have run).
@@ -74,12 +81,9 @@ static inline float vsum(vec a) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-static inline __m256i lanes(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-static inline vec vload_part(const float* p, int64_t count) { return _mm256_maskload_ps(p, lanes(count)); }
-static inline void vstore_part(float* p, vec a, int64_t count) { _mm256_maskstore_ps(p, lanes(count), a); }
-static inline vec vkeep(vec a, int64_t count) { return _mm256_and_ps(a, _mm256_castsi256_ps(lanes(count))); }
+static inline vec vload_part(const float* p, int64_t count) { return _mm256_maskload_ps(p, lanes8(count)); }
+static inline void vstore_part(float* p, vec a, int64_t count) { _mm256_maskstore_ps(p, lanes8(count), a); }
+static inline vec vkeep(vec a, int64_t count) { return _mm256_and_ps(a, _mm256_castsi256_ps(lanes8(count))); }
 // e^x for x <= 0, as above; 2^n made from its exponent bits, so for x below -87 (e^x under float32's least
 // normal number, nothing next to the maximum's e^0 = 1) it gives 0.
 static inline vec vexp_nonpositive(vec x) {
@@ -329,16 +333,14 @@ static void panel_product(const float* __restrict X, int64_t k, const float* __r
   }
 }
 
-// One panel times M rows of x, PANEL_GROUP rows at a time.
+// One panel times M rows of x, in as few groups of at most PANEL_GROUP rows as can be, of even sizes
+// (16 rows on AVX2: 6, 5, 5).
 template <int M>
 static void panel_rows(const float* X, int64_t k, const float* panel, float* Y, int64_t n, int64_t first,
                        const float* B) {
-  if constexpr (M <= PANEL_GROUP) {
-    panel_product<M>(X, k, panel, Y, n, first, B);
-  } else {
-    panel_product<PANEL_GROUP>(X, k, panel, Y, n, first, B);
-    panel_rows<M - PANEL_GROUP>(X + PANEL_GROUP * k, k, panel, Y + PANEL_GROUP * n, n, first, B);
-  }
+  constexpr int G = M / ((M + PANEL_GROUP - 1) / PANEL_GROUP);  // the first group's rows
+  panel_product<G>(X, k, panel, Y, n, first, B);
+  if constexpr (G < M) panel_rows<M - G>(X + G * k, k, panel, Y + G * n, n, first, B);
 }
 
 template <int M>
@@ -390,7 +392,9 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
 // of a row of x broadcast to every lane and adds each lane's 4 products to its row's int32 sum.
 // The rows are quantized as matvec_int8 quantizes them, and the sums are the same integers.
 
-#ifdef __AVX512VNNI__
+#if defined(__AVX512VNNI__)
+#define INT8_PANELS 16  // rows of x whose int32 sums fit in the registers at once
+#define INT8_PANELS_FROM 1  // the fewest rows of x for which the panels beat the dot products (benchmarks/matvec.py)
 // acc += the byte products of u (unsigned) and s (signed), summed in fours, written in place: with the
 // intrinsic, gcc copies every accumulator to another register (and some to the stack) each step.
 static inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
@@ -425,13 +429,63 @@ static void int8_panel_product(const uint8_t* __restrict Q, int64_t stride, cons
     _mm512_mask_storeu_ps(Y + r * n + first, mask, B ? _mm512_add_ps(value, b) : value);
   }
 }
+#elif defined(__AVX2__)
+#define INT8_PANELS 5
+#define INT8_PANELS_FROM 3
+// The same with AVX2: each 64 bytes of the panel are two vectors (rows 0-7, rows 8-15), and vpdpbusd's
+// sum of four byte products is vpmaddubsw (pairs, exact in 16 bits for 7-bit u) then vpmaddwd by ones.
+template <int M>
+static void int8_panel_product(const uint8_t* __restrict Q, int64_t stride, const int8_t* __restrict panel,
+                               float* __restrict Y, int64_t n, int64_t first, float scale, int32_t zero,
+                               const float* S, const int32_t* Z, const float* B) {
+  __m256i acc[M][2];
+  for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < stride / 4; ++g) {
+    _mm_prefetch(reinterpret_cast<const char*>(panel + g * 64 + PREFETCH), _MM_HINT_T0);
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + g * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + g * 64 + 32));
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) {
+      int32_t four;
+      std::memcpy(&four, Q + r * stride + 4 * g, 4);
+      const __m256i u = _mm256_set1_epi32(four);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u, w0), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u, w1), ones));
+    }
+  }
+  const int64_t valid = std::min<int64_t>(16, n - first);
+  for (int v = 0; v < 2; ++v) {
+    const int64_t count = std::clamp<int64_t>(valid - 8 * v, 0, 8), at = first + 8 * v;
+    const __m256i mask = lanes8(count);
+    const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_maskload_ps(S + at, mask));
+    const __m256i zeros = _mm256_mullo_epi32(_mm256_set1_epi32(zero), _mm256_maskload_epi32(Z + at, mask));
+    const __m256 b = B ? _mm256_maskload_ps(B + at, mask) : _mm256_setzero_ps();
+    for (int r = 0; r < M; ++r) {
+      const __m256 value = _mm256_mul_ps(scales, _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][v], zeros)));
+      _mm256_maskstore_ps(Y + r * n + at, mask, B ? _mm256_add_ps(value, b) : value);
+    }
+  }
+}
+#endif
+
+#ifdef INT8_PANELS
+// One panel times M rows of x, in as few groups of at most INT8_PANELS rows as can be, of even sizes.
+template <int M>
+static void int8_panel_rows(const uint8_t* Q, int64_t stride, const int8_t* panel, float* Y, int64_t n, int64_t first,
+                            float scale, int32_t zero, const float* S, const int32_t* Z, const float* B) {
+  constexpr int G = M / ((M + INT8_PANELS - 1) / INT8_PANELS);  // the first group's rows
+  int8_panel_product<G>(Q, stride, panel, Y, n, first, scale, zero, S, Z, B);
+  if constexpr (G < M)
+    int8_panel_rows<M - G>(Q + G * stride, stride, panel, Y + G * n, n, first, scale, zero, S, Z, B);
+}
 #endif
 
 torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                                  const torch::Tensor& scales, const torch::Tensor& sums,
                                  const std::optional<torch::Tensor>& bias) {
   // x: (m <= 16, k) float32; panels: (ceil(n / 16), ceil(k / 4), 16, 4) int8; scales, sums, bias as matvec_int8's.
-#ifdef __AVX512VNNI__
+#ifdef INT8_PANELS
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_int8_panels: (m <= 16, k) float32");
   const int64_t groups = (x.size(1) + 3) / 4;
   TORCH_CHECK(panels.dim() == 4 && panels.is_contiguous() && panels.scalar_type() == at::kChar &&
@@ -454,7 +508,7 @@ torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& pa
   switch (m) {
 #define ROWS(M) case M: at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) { \
       for (int64_t p = begin; p < end; ++p) \
-        int8_panel_product<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
+        int8_panel_rows<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
     }); break;
     ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
     ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
@@ -462,7 +516,7 @@ torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& pa
   }
   return y;
 #else
-  TORCH_CHECK(false, "matmul_int8_panels: compiled without AVX-512 VNNI");
+  TORCH_CHECK(false, "matmul_int8_panels: compiled without AVX-512 VNNI or AVX2");
 #endif
 }
 
@@ -718,9 +772,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows");
   module.def("matmul_int8_panels", &matmul_int8_panels, "matvec_int8's product for up to 16 rows, W in VNNI panels");
   module.attr("simd") = SIMD;  // the float32 kernels' vector width: 16 (AVX-512), 8 (AVX2) or 0
-#ifdef __AVX512VNNI__
-  module.attr("avx512_vnni") = true;
+#ifdef INT8_PANELS
+  module.attr("int8_panels_from") = INT8_PANELS_FROM;  // rows from which int8 layers use the panels
 #else
-  module.attr("avx512_vnni") = false;
+  module.attr("int8_panels_from") = 0;
 #endif
 }

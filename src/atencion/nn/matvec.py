@@ -53,7 +53,8 @@ _kernel_int8 = None
 _rms_norm = None
 _rotate = None
 _panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512 or AVX2
-_int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI
+_int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI or AVX2
+_int8_panels_from = 1  # the fewest rows it takes: where the panels beat the dot products (VNNI 1, AVX2 3)
 _attend_one = None  # attend_one, with AVX-512 or AVX2
 _decoder_step = None  # decoder_step (nn/fused.py), with AVX-512 or AVX2
 _tried = False
@@ -63,8 +64,8 @@ SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding ste
 
 def kernel():
     """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _attend_one, _decoder_step, \
-        _tried
+    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _int8_panels_from, \
+        _attend_one, _decoder_step, _tried
     if _tried:
         return _kernel
     with _lock:
@@ -88,7 +89,8 @@ def kernel():
                 _panels_kernel = module.matmul_panels if module.simd else None
                 _attend_one = module.attend_one if module.simd else None
                 _decoder_step = module.decoder_step if module.simd else None
-                _int8_panels_kernel = module.matmul_int8_panels if module.avx512_vnni else None
+                _int8_panels_kernel = module.matmul_int8_panels if module.int8_panels_from else None
+                _int8_panels_from = module.int8_panels_from
             except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
                 log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
                             "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
@@ -180,11 +182,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: Tensor | None) -> Tensor | None:
     """The int8 kernels' ``x Wᵀ + b`` for float32 rows ``x`` (rows, k), ``W = weight * scales[:, None]``
     (``weight`` int8, ``sums`` its rows' int32 sums): up to ``MAX_ROWS`` rows by dot products, up to
-    ``PANEL_ROWS`` on ``int8_panels(weight)`` (AVX-512 VNNI). None where neither applies (more rows,
-    another device, tracing, switched off): the caller then runs PyTorch's ``linear_dynamic``."""
+    ``PANEL_ROWS`` on ``int8_panels(weight)`` (AVX-512 VNNI from one row on, AVX2 from 3: where they beat
+    the dot products). None where neither applies (more rows, another device, tracing, switched off):
+    the caller then runs PyTorch's ``linear_dynamic``."""
     if not (_few_rows(x, PANEL_ROWS) and kernel() is not None):
         return None
-    if _int8_panels_kernel is not None:  # faster than the dot products from one row on (no sums across a vector)
+    if _int8_panels_kernel is not None and x.size(0) >= _int8_panels_from:  # no sums across a vector
         return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
     if x.size(0) <= MAX_ROWS and _kernel_int8 is not None:
         return _kernel_int8(x, weight, scales, sums, bias)
