@@ -7,7 +7,7 @@ memory), each multiplied by one row (or --rows), by four torch expressions of th
 ``F.linear(x, W)`` (what Hugging Face runs, and atencion for more than 16 rows), ``torch.mv(W, x)``, ``x @ Wᵀ``
 with Wᵀ stored contiguous, oneDNN's linear on packed weights (``torch.utils.mkldnn``), and atencion's
 own kernels (atencion/nn/matvec.cpp): the dot products decoding on the CPU uses for up to 5 rows, and
-the panels' product it uses for 6 to 16 (where the CPU has AVX-512). Median of ``--rounds`` passes;
+the panels' product it uses for 6 to 16 (AVX-512 or AVX2). Median of ``--rounds`` passes;
 from 6 rows on the product is bound by arithmetic more than by memory (GFLOP/s = GB/s × rows / 2).
 docs/results.md compares the figure with llama.cpp's about 22 GB/s on the same weights
 (``benchmarks/speed.py --parts llama``).
@@ -17,7 +17,8 @@ docs/results.md compares the figure with llama.cpp's about 22 GB/s on the same w
     python benchmarks/matvec.py --rows 5         # a beam of 5
     python benchmarks/matvec.py --rows 16        # a batch of 16
     python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernels
-                                                 # (dot products; VNNI panels, which int8 decoding uses)
+                                                 # (dot products; panels, which int8 decoding uses from
+                                                 # 1 row with AVX-512 VNNI, from 3 with AVX2)
 """
 
 from __future__ import annotations
