@@ -198,9 +198,9 @@ def test_a_sentence_stops_once_it_holds_beam_size_finished_hypotheses(alpha, mon
     early_rows = sum(rows)
     full = beam_search(model, src, _early_stop=False, **kwargs)
     assert early_rows < sum(rows) - early_rows  # decoder rows saved
-    for a, b in zip(early, full):
-        assert len(a) == 3
-        assert b[0].score >= a[0].score - 1e-6
+    for a, b in zip(early, full):  # the same hypothesis may score a float32 rounding apart: its rows
+        assert len(a) == 3          # went through products of other batch sizes (dot products, panels, MKL)
+        assert b[0].score >= a[0].score - 1e-6 * abs(a[0].score)
 
 
 def test_outputs_respect_the_max_length_and_never_contain_pad_or_bos():

@@ -87,7 +87,7 @@ static inline vec vkeep(vec a, int64_t count) { return _mm256_and_ps(a, _mm256_c
 // e^x for x <= 0, as above; 2^n made from its exponent bits, so for x below -87 (e^x under float32's least
 // normal number, nothing next to the maximum's e^0 = 1) it gives 0.
 static inline vec vexp_nonpositive(vec x) {
-  const vec tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ);
+  const vec kept = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ);  // the lanes not set to 0
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
   const vec n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -96,7 +96,7 @@ static inline vec vexp_nonpositive(vec x) {
   vec p = _mm256_set1_ps(1.f / 5040);
   for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
   const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(power)), tiny);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(power)), kept);
 }
 #else
 #define SIMD 0
@@ -160,9 +160,12 @@ constexpr int ROWS_OF_W = SIMD == 16 || M <= 2 ? 4 : 2;
 static void dot_products(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
 #if SIMD
+    // the rows of W left over one at a time by the same kernel: every output is summed in the same order,
+    // whatever the rows of x and the threads' shares of W
     switch (m) {
 #define ROWS(M) case M: for (; begin + ROWS_OF_W<M> <= end; begin += ROWS_OF_W<M>) \
-                          rows_dot_products<M, ROWS_OF_W<M>>(X, k, W, n, begin, B, Y); break;
+                          rows_dot_products<M, ROWS_OF_W<M>>(X, k, W, n, begin, B, Y); \
+                        for (; begin < end; ++begin) rows_dot_products<M, 1>(X, k, W, n, begin, B, Y); break;
       ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
 #undef ROWS
     }
