@@ -67,7 +67,7 @@ def test_pieces_round_trip_to_the_text_and_the_vocabulary_is_saved_with_its_merg
         Tokenizer.load(tmp_path)
 
 
-def test_subword_nmt_is_joint_and_refused_by_gguf_export(tmp_path):
+def test_subword_nmt_is_accepted_as_a_joint_vocabulary_only(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("data:\n  tokenizer: subword-nmt\n  vocab_size: 10000\n", encoding="utf-8")
     assert load_config(path).data.tokenizer == "subword-nmt"

@@ -29,7 +29,7 @@ them for every layer of a Llama-style decoder in one call (nn/fused.py).
 
 The float32 kernels (dot products, panels, ``attend_one``, ``decoder_step``) are written once over a
 vector type: AVX-512's 16 floats, or AVX2's 8 (with FMA) on a CPU without AVX-512, as most laptops'
-are. The int8 panels need AVX-512 VNNI."""
+are. The int8 products use VNNI's ``vpdpbusd`` where the CPU has it and AVX2's ``vpmaddubsw`` otherwise."""
 
 from __future__ import annotations
 
