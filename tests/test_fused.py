@@ -81,6 +81,27 @@ def test_greedy_generation_gives_the_same_tokens_with_and_without_it(step_kernel
     assert torch.equal(fused, generate_ids(model, prompt, 40, temperature=0.0))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, matvec.MAX_ROWS, matvec.MAX_ROWS + 1, matvec.PANEL_ROWS])
+@pytest.mark.parametrize("overrides", [dict(n_kv_heads=2), dict(bias=True, qkv_bias=True, n_layers=3)],
+                         ids=["gqa", "biases"])
+def test_an_int8_models_steps_give_the_layer_by_layers_logits(step_kernel, monkeypatch, rows, overrides):
+    """nn/quantize.py's int8 weights in the whole-step kernel: the same int32 sums of the same 7-bit
+    rows as matvec_int8 and the int8 panels, so each step's logits are the layer-by-layer int8 path's."""
+    from atencion.nn.quantize import quantize_int8
+
+    model = quantize_int8(llama(**overrides))
+    ids = torch.randint(4, 97, (rows, 40), generator=torch.Generator().manual_seed(rows))
+    calls = spied(monkeypatch, step_kernel)
+    fused = stepped(model, ids, 5)
+    assert len(calls) == 34
+    monkeypatch.setenv("ATENCION_FUSED", "0")
+    by_layer = stepped(model, ids, 5)
+    assert len(calls) == 34
+    torch.testing.assert_close(fused, by_layer, rtol=1e-5, atol=1e-5)
+    exact = stepped(llama(**overrides), ids, 5)  # and int8 is int8: 2-5% of the float32 logits' spread off them
+    assert 0.005 < (fused - exact).abs().mean() / exact.std() < 0.1
+
+
 def test_speculative_rollback_keeps_the_cache_right(step_kernel, monkeypatch):
     """A state truncated after fused steps (a rejected draft) goes on from the kept positions."""
     model = llama(n_kv_heads=2)
@@ -125,7 +146,10 @@ def test_it_is_used_only_where_it_applies(step_kernel, monkeypatch):
     apply_lora(adapted, LoraSpec(rank=2, alpha=4, dropout=0.0, targets=["attention"]), "base", "0" * 64)
     adapted.eval()
     assert steps(adapted) == 0                                                 # LoRA's adapters beside W
-    assert steps(quantize_int8(llama())) == 0                                  # int8 weights
+    assert steps(quantize_int8(llama())) == 2                                  # int8 weights: the int8 step
+    mixed = quantize_int8(llama(n_layers=2))
+    mixed.decoder.layers[1] = llama(n_layers=2).decoder.layers[1]
+    assert steps(mixed) == 0                                                   # int8 and float32 layers
     monkeypatch.setenv("ATENCION_FUSED", "0")
     assert steps(llama()) == 0
 
@@ -177,10 +201,36 @@ def test_the_kernel_refuses_parameters_of_the_wrong_shape(step_kernel, which, sh
     model = llama(n_layers=1)
     state = model.init_state()
     with torch.no_grad():
-        params = fused.plan(model.decoder, 1)
+        params, int8 = fused.plan(model.decoder, 1)
         model.decode_step(torch.randint(4, 97, (1, 3)), state)
     params[which] = torch.zeros(shape)
     rooms = [c.room(4) for c in state.self_caches]
     x, cs = torch.zeros(1, 64), torch.zeros(16)
-    with pytest.raises(RuntimeError, match="decoder_step: (each weight|RMSNorm)"):
-        step_kernel(x, params, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+    with pytest.raises(RuntimeError, match="decoder_step: (each weight|each bias|RMSNorm)"):
+        step_kernel(x, params, int8, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+
+
+@pytest.mark.parametrize("rows", [1, 3], ids=["rows", "int8-panels"])
+@pytest.mark.parametrize("which,shape,dtype", [(1, (60, 64), torch.int8), (10, (64, 95), torch.int8),
+                                               (1, (192, 64), torch.float32), (2, (7,), torch.float32),
+                                               ("scales", (95,), torch.float32), ("sums", (96,), torch.int64)],
+                         ids=["W_qkv-rows", "W2-columns", "a-float32-weight", "qkv-bias", "scales", "sums"])
+def test_the_kernel_refuses_int8_parameters_of_the_wrong_shape(step_kernel, rows, which, shape, dtype):
+    from atencion.nn import fused
+    from atencion.nn.quantize import quantize_int8
+
+    model = quantize_int8(llama(n_layers=1, bias=True))
+    state = model.init_state()
+    with torch.no_grad():
+        params, int8 = fused.plan(model.decoder, rows)
+        model.decode_step(torch.randint(4, 97, (rows, 3)), state)
+    if which == "scales":
+        int8[4] = torch.zeros(shape, dtype=dtype)  # W1's
+    elif which == "sums":
+        int8[9] = torch.zeros(shape, dtype=dtype)  # W2's
+    else:
+        params[which] = torch.zeros(shape, dtype=dtype)
+    rooms = [c.room(4) for c in state.self_caches]
+    x, cs = torch.zeros(rows, 64), torch.zeros(16)
+    with pytest.raises(RuntimeError, match="decoder_step: (each|every) (int8 )?(weight|bias)"):
+        step_kernel(x, params, int8, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)

@@ -9,10 +9,12 @@ writing each new key and value into the cache's buffers (nn/cache.py ``KVCache.r
 
 It applies to the step of up to ``PANEL_ROWS`` rows, one new token each, of a decoder-only model whose
 every layer is Llama's (pre-norm RMSNorm, self-attention with RoPE and any number of key/value heads,
-SwiGLU feed-forward; biases allowed, as Qwen2's on q/k/v), in inference, float32 on a CPU where the
-kernels compiled with AVX-512. Everything else takes the layer-by-layer path, and so does everything
-with ``ATENCION_FUSED=0`` in the environment. The two compute the same products in the same order;
-SiLU's exponential may differ in the last bit."""
+SwiGLU feed-forward; biases allowed, as Qwen2's on q/k/v), in inference, on a CPU where the kernels
+compiled (AVX-512 or AVX2), with float32 weights or nn/quantize.py's int8 ones (every layer's: the
+rows of x quantized before each product as ``matvec.int8_linear`` does, the same int32 sums).
+Everything else takes the layer-by-layer path, and so does everything with ``ATENCION_FUSED=0`` in
+the environment. The two compute the same products in the same order; SiLU's exponential may differ
+in the last bit."""
 
 from __future__ import annotations
 
@@ -26,52 +28,75 @@ from .attention import RelativeTerms
 from .cache import DecoderState, KVCache
 from .layers import ACTIVATIONS, GatedFeedForward
 from .positional import RotaryPositions
+from .quantize import Int8Linear
 
 _NO_BIAS = torch.empty(0)
 
 
-def _layer_params(layer: nn.Module) -> list[Tensor] | None:
-    """One block's 12 tensors in ``decoder_step``'s order, or None if it is not a Llama block."""
+def _layer_params(layer: nn.Module) -> tuple[list[Tensor], list[nn.Module]] | None:
+    """One block's 12 tensors in ``decoder_step``'s order, its weights as they are, and its 5 linear
+    layers; or None if it is not a Llama block."""
     attn, ffn = layer.self_attn, layer.ffn
     linears = (attn.in_proj, attn.out_proj) + ((ffn.linear1, ffn.linear3, ffn.linear2)
                                                if isinstance(ffn, GatedFeedForward) else ())
-    if not (len(linears) == 5 and all(type(m) is matvec.Linear for m in linears)  # not LoRA, not int8
+    if not (len(linears) == 5 and (all(type(m) is matvec.Linear for m in linears)  # not LoRA
+                                   or all(type(m) is Int8Linear for m in linears))
             and ffn.activation is ACTIVATIONS["swiglu"] and layer.cross_attn is None and attn.kind is None
             and layer.res_self.norm_first and type(layer.res_self.norm) is matvec.RMSNorm
             and type(layer.res_ffn.norm) is matvec.RMSNorm and layer.res_self.norm.eps == layer.res_ffn.norm.eps):
         return None
 
-    def bias(m: nn.Linear) -> Tensor:
+    def bias(m: nn.Module) -> Tensor:
         return _NO_BIAS if m.bias is None else m.bias
 
-    return [layer.res_self.norm.weight, attn.in_proj.weight, bias(attn.in_proj), attn.out_proj.weight,
-            bias(attn.out_proj), layer.res_ffn.norm.weight, ffn.linear1.weight, bias(ffn.linear1),
-            ffn.linear3.weight, bias(ffn.linear3), ffn.linear2.weight, bias(ffn.linear2)]
+    w_qkv, w_o, w1, w3, w2 = linears
+    return [layer.res_self.norm.weight, w_qkv.weight, bias(w_qkv), w_o.weight, bias(w_o),
+            layer.res_ffn.norm.weight, w1.weight, bias(w1), w3.weight, bias(w3), w2.weight, bias(w2)], list(linears)
 
 
-def plan(decoder: nn.Module, rows: int) -> list[Tensor] | None:
-    """Every layer's parameters in ``decoder_step``'s order for ``rows`` rows, the weights as they are
-    for up to ``MAX_ROWS`` (dot products) and in panels for more (``matvec.panels``: a second copy of
-    each, made once), or None where the step cannot run there (another kind of block or positions,
-    virtual tokens, training, gradients, not float32 on a CPU)."""
+def layout(rows: int) -> tuple[bool, bool]:
+    """Whether ``rows`` rows take the float32 weights in panels (past ``MAX_ROWS``) and the int8 ones
+    in int8 panels (from ``matvec._int8_panels_from``): where each beats the dot products."""
+    return rows > matvec.MAX_ROWS, matvec._int8_panels_kernel is not None and rows >= matvec._int8_panels_from
+
+
+def plan(decoder: nn.Module, rows: int) -> tuple[list[Tensor], list[Tensor]] | None:
+    """Every layer's parameters in ``decoder_step``'s order for ``rows`` rows, and its int8 weights'
+    scales and sums (empty tensors for float32 ones); each weight laid out as ``layout`` says
+    (``matvec.panels`` and ``int8_panels``: a second copy, made once); or None where the step
+    cannot run there (another kind of block or positions, virtual tokens, training, gradients, not
+    float32 or int8 on a CPU)."""
     if (os.environ.get("ATENCION_FUSED", "1") == "0" or decoder.training or decoder.positions is not None
             or not isinstance(decoder.relative, RotaryPositions) or decoder.embed_norm is not None
             or decoder.prefix is not None or decoder.prompt is not None or matvec.kernel() is None
             or matvec._decoder_step is None):
         return None
-    params = []
+    params, int8 = [], []
+    floats, int8_panels = layout(rows)
     for layer in decoder.layers:
         own = _layer_params(layer)
         if own is None:
             return None
-        params += own
+        tensors, linears = own
+        if type(linears[0]) is Int8Linear:
+            if rows > matvec.MAX_ROWS and not int8_panels:
+                return None
+            for i, m in zip((1, 3, 6, 8, 10), linears):
+                tensors[i] = matvec.int8_panels(m._int8) if int8_panels else m._int8
+                int8 += [m._scales, m._sums]
+        else:
+            if floats:
+                tensors = [matvec.panels(p) if i in (1, 3, 6, 8, 10) else p for i, p in enumerate(tensors)]
+            int8 += [_NO_BIAS] * 10
+        params += tensors
+    if len({p.dtype for p in params[1::12]}) > 1:
+        return None  # int8 and float32 layers mixed
     attn = decoder.layers[0].self_attn
-    if not (attn.d_k % 16 == 0 and attn.d_k <= 256 and matvec._inference(*params)
-            and all(p.device.type == "cpu" and p.is_contiguous() for p in params)):
+    numbers = [p for p in params + int8 if p.dtype == torch.float32]
+    if not (attn.d_k % 16 == 0 and attn.d_k <= 256 and matvec._inference(*numbers)
+            and all(p.device.type == "cpu" and p.is_contiguous() for p in params + int8)):
         return None
-    if rows > matvec.MAX_ROWS:
-        params = [matvec.panels(p) if i % 12 in (1, 3, 6, 8, 10) else p for i, p in enumerate(params)]
-    return params
+    return params, int8
 
 
 def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState | None,
@@ -89,17 +114,17 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
     if not all(type(c) is KVCache and c.k is not None and c.k.size(0) == x.size(0) for c in caches):
         return None
     rows = x.size(0)
-    panelled = rows > matvec.MAX_ROWS
-    if state.fused is None or (state.fused and state.fused[0] != panelled):  # once per decoding and layout:
-        params = plan(decoder, rows)                                         # the model does not change
-        state.fused = False if params is None else (panelled, params)        # while it decodes
+    if state.fused is None or (state.fused and state.fused[0] != layout(rows)):  # once per decoding and layout:
+        planned = plan(decoder, rows)                                            # the model does not change
+        state.fused = False if planned is None else (layout(rows), *planned)     # while it decodes
     if state.fused is False:
         return None
     start = len(caches[0])
     rooms = [cache.room(start + 1) for cache in caches]
     attn = decoder.layers[0].self_attn
     cos, sin = positions.rotary
-    out = matvec._decoder_step(x.reshape(rows, -1), state.fused[1], [r[0] for r in rooms], [r[1] for r in rooms],
+    _, params, int8 = state.fused
+    out = matvec._decoder_step(x.reshape(rows, -1), params, int8, [r[0] for r in rooms], [r[1] for r in rooms],
                                start, cos.contiguous(), sin.contiguous(), attn.h, attn.g,
                                decoder.layers[0].res_self.norm.eps or torch.finfo(torch.float32).eps,
                                attn.d_k ** -0.5 if attn.scale is None else attn.scale)

@@ -243,9 +243,7 @@ struct Quantized {
   int32_t zero;
 };
 
-static Quantized quantize_rows(const torch::Tensor& rows, int64_t stride) {
-  const int64_t m = rows.size(0), k = rows.size(1);
-  const float* X = rows.data_ptr<float>();
+static Quantized quantize_rows(const float* X, int64_t m, int64_t k, int64_t stride) {
   float lo = 0.f, hi = 0.f;
   for (int64_t i = 0; i < m * k; ++i) lo = std::min(lo, X[i]), hi = std::max(hi, X[i]);
   double scale = (double(hi) - lo) / 127;
@@ -261,6 +259,23 @@ static Quantized quantize_rows(const torch::Tensor& rows, int64_t stride) {
   return {std::move(values), float(scale), zero};
 }
 
+// Y (m, n) = the quantized rows (m, k) times the int8 W (n, k), rescaled by S (n) and the rows' scale, + B.
+static void int8_dot_products(const Quantized& quantized, int64_t m, int64_t k, const int8_t* W, int64_t n,
+                              const float* S, const int32_t* Z, const float* B, float* Y) {
+  const uint8_t* Q = quantized.values.data();
+  const float scale = quantized.scale;
+  const int32_t zero = quantized.zero;
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      prefetch_ahead(W + o * k, k);
+      for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
+        const float value = scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
+        Y[r * n + o] = B ? value + B[o] : value;
+      }
+    }
+  });
+}
+
 torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const std::optional<torch::Tensor>& bias) {
   // x: (m, k) float32; weight: (n, k) int8 contiguous, row o is W[o] / scales[o] rounded; sums: (n) int32, the
@@ -274,27 +289,11 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
               "matvec_int8: one float32 scale and one int32 sum per row of the weight");
   const torch::Tensor rows = x.contiguous();
   const int64_t m = rows.size(0), k = rows.size(1);
-  const Quantized quantized = quantize_rows(rows, k);
-  const float scale = quantized.scale;
-  const int32_t zero = quantized.zero;
-
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matvec_int8");
-  const uint8_t* Q = quantized.values.data();
-  const int8_t* W = weight.data_ptr<int8_t>();
-  const float* S = scales.data_ptr<float>();
-  const int32_t* Z = sums.data_ptr<int32_t>();
-  float* Y = y.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      prefetch_ahead(W + o * k, k);
-      for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
-        const float value = scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
-        Y[r * n + o] = B ? value + B[o] : value;
-      }
-    }
-  });
+  int8_dot_products(quantize_rows(rows.data_ptr<float>(), m, k, k), m, k, weight.data_ptr<int8_t>(), n,
+                    scales.data_ptr<float>(), sums.data_ptr<int32_t>(), B, y.data_ptr<float>());
   return y;
 }
 
@@ -484,6 +483,26 @@ static void int8_panel_rows(const uint8_t* Q, int64_t stride, const int8_t* pane
 }
 #endif
 
+#ifdef INT8_PANELS
+// Y (m <= 16, n) = X (m, k), quantized, times the int8 W in panels (ceil(n / 16), ceil(k / 4), 16, 4), rescaled, + B.
+static void int8_panel_products(const float* X, int64_t m, int64_t k, const torch::Tensor& panels, int64_t n,
+                                const float* S, const int32_t* Z, const float* B, float* Y) {
+  const int64_t groups = panels.size(1), stride = 4 * groups, count = panels.size(0);
+  const Quantized quantized = quantize_rows(X, m, k, stride);
+  const uint8_t* Q = quantized.values.data();
+  const int8_t* P = panels.data_ptr<int8_t>();
+  switch (m) {
+#define ROWS(M) case M: at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) { \
+      for (int64_t p = begin; p < end; ++p) \
+        int8_panel_rows<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
+    }); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+  }
+}
+#endif
+
 torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                                  const torch::Tensor& scales, const torch::Tensor& sums,
                                  const std::optional<torch::Tensor>& bias) {
@@ -498,25 +517,12 @@ torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& pa
               sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n,
               "matmul_int8_panels: one float32 scale and one int32 sum per row of the weight");
   const torch::Tensor rows = x.contiguous();
-  const int64_t m = rows.size(0), stride = 4 * groups, count = panels.size(0);
-  const Quantized quantized = quantize_rows(rows, stride);
+  const int64_t m = rows.size(0), k = rows.size(1);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matmul_int8_panels");
-  const uint8_t* Q = quantized.values.data();
-  const int8_t* P = panels.data_ptr<int8_t>();
-  const float* S = scales.data_ptr<float>();
-  const int32_t* Z = sums.data_ptr<int32_t>();
-  float* Y = y.data_ptr<float>();
-  switch (m) {
-#define ROWS(M) case M: at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) { \
-      for (int64_t p = begin; p < end; ++p) \
-        int8_panel_rows<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
-    }); break;
-    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-#undef ROWS
-  }
+  int8_panel_products(rows.data_ptr<float>(), m, k, panels, n, scales.data_ptr<float>(), sums.data_ptr<int32_t>(), B,
+                      y.data_ptr<float>());
   return y;
 #else
   TORCH_CHECK(false, "matmul_int8_panels: compiled without AVX-512 VNNI or AVX2");
@@ -683,12 +689,15 @@ static const float* optional_data(const torch::Tensor& t) { return t.numel() ? t
 
 
 torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
-                           const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                           const std::vector<torch::Tensor>& int8, const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                            int64_t start, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
                            int64_t kv_heads, double eps, double scale) {
   // x: (m, d) float32, each row's new token embedded. params: per layer 12 float32 tensors, the biases empty
   // where there are none: RMSNorm weight, W^QKV (q heads, then k, then v), its bias, W^O, its bias, RMSNorm
   // weight, W1, b1, W3, b3, W2, b2; the weights as rows (m <= 5) or in panels (m <= 16; matvec.py's panels).
+  // int8: per layer 10 tensors, each of the 5 weights' scales (n) float32 and int32 sums (n), empty for float32
+  // weights; int8 weights (nn/quantize.py: all of them or none) as rows (n, k) for m <= 5 or in int8 panels
+  // (matvec.py's int8_panels), the rows of x quantized before each product as matvec_int8 does.
   // keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k) whose first `start` positions hold the
   // cache; the new key and value are written at `start`. cos, sin: (d_k)
   // of the new position. Returns the residual stream after the last layer, (m, d).
@@ -702,17 +711,39 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
               "decoder_step: 12 parameters and one key/value buffer per layer, d_k a multiple of 16 up to 256");
   TORCH_CHECK(cos.numel() == d_k && sin.numel() == d_k && cos.is_contiguous() && sin.is_contiguous(),
               "decoder_step: cos and sin (d_k)");
+  TORCH_CHECK(int64_t(int8.size()) == 10 * layers, "decoder_step: 10 int8 scales and sums per layer, empty or not");
   for (const auto& p : params)
-    TORCH_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous(), "decoder_step: contiguous float32 parameters");
-  const int64_t d_ff = params[10].size(1);  // W2: (d, d_ff) as rows, (d / 16, d_ff, 16) in panels
+    TORCH_CHECK((p.scalar_type() == at::kFloat || p.scalar_type() == at::kChar) && p.is_contiguous(),
+                "decoder_step: contiguous float32 (or int8 weight) parameters");
+  const bool quantized = params[1].scalar_type() == at::kChar;  // every weight int8, or none
+  const int64_t d_ff = quantized ? int8[4].numel() : params[10].size(1);  // W1's scales; W2 (d, d_ff) or panels
   for (int64_t l = 0; l < layers; ++l) {
-    TORCH_CHECK(params[12 * l].numel() == d && params[12 * l + 5].numel() == d, "decoder_step: RMSNorm weights (d)");
+    TORCH_CHECK(params[12 * l].numel() == d && params[12 * l + 5].numel() == d && params[12 * l].scalar_type() ==
+                at::kFloat && params[12 * l + 5].scalar_type() == at::kFloat, "decoder_step: RMSNorm weights (d)");
     for (auto [w, n, k] : {std::array<int64_t, 3>{1, width, d}, {3, d, d}, {6, d_ff, d}, {8, d_ff, d}, {10, d, d_ff}}) {
       const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];  // W^QKV, W^O, W1, W3, W2
-      TORCH_CHECK(((W.dim() == 2 && m <= 5 && W.size(0) == n) || (W.dim() == 3 && W.size(0) == (n + 15) / 16 &&
-                   W.size(2) == 16)) && W.size(1) == k && (B.numel() == 0 || B.numel() == n),
-                  "decoder_step: each weight (n, k) as rows for up to 5 rows of x or in panels (ceil(n / 16), k, 16), "
-                  "its bias (n) or empty");
+      const int64_t slot = (w - 1) / 2;  // 0 to 4 for the 5 weights' int8 scales and sums
+      const torch::Tensor &scales = int8[10 * l + 2 * slot], &sums = int8[10 * l + 2 * slot + 1];
+      TORCH_CHECK(B.scalar_type() == at::kFloat && (B.numel() == 0 || B.numel() == n), "decoder_step: each bias (n) "
+                  "float32 or empty");
+      TORCH_CHECK((W.scalar_type() == at::kChar) == quantized, "decoder_step: every weight int8 or none");
+      if (!quantized) {
+        TORCH_CHECK(((W.dim() == 2 && m <= 5 && W.size(0) == n) || (W.dim() == 3 && W.size(0) == (n + 15) / 16 &&
+                     W.size(2) == 16)) && W.size(1) == k && scales.numel() == 0 && sums.numel() == 0,
+                    "decoder_step: each weight (n, k) as rows for up to 5 rows of x or in panels (ceil(n / 16), k, 16)");
+        continue;
+      }
+#ifdef INT8_PANELS
+      const bool panelled = W.dim() == 4 && W.size(0) == (n + 15) / 16 && W.size(1) == (k + 3) / 4 &&
+                            W.size(2) == 16 && W.size(3) == 4;
+#else
+      const bool panelled = false;
+#endif
+      TORCH_CHECK((panelled || (W.dim() == 2 && m <= 5 && W.size(0) == n && W.size(1) == k)) &&
+                  scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n &&
+                  sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n,
+                  "decoder_step: each int8 weight (n, k) as rows for up to 5 rows of x or in int8 panels "
+                  "(ceil(n / 16), ceil(k / 4), 16, 4), with n float32 scales and n int32 sums");
     }
   }
   for (int64_t l = 0; l < layers; ++l)
@@ -720,6 +751,19 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
       TORCH_CHECK(buffer->dim() == 4 && buffer->is_contiguous() && buffer->scalar_type() == at::kFloat &&
                   buffer->size(0) == m && buffer->size(1) == kv_heads && buffer->size(2) > start &&
                   buffer->size(3) == d_k, "decoder_step: key/value buffers (m, kv_heads, capacity > start, d_k)");
+  // the product of layer l's weight w (of its 12: W^QKV 1, W^O 3, W1 6, W3 8, W2 10): float32 or int8, as rows
+  // or in panels
+  auto apply = [&](int64_t l, int w, const float* X, int64_t k, int64_t n, float* Y) {
+    const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];
+    if (!quantized) return product(X, m, k, W, n, optional_data(B), Y);
+    const int slot = (w - 1) / 2;  // 0 to 4
+    const float* scales = int8[10 * l + 2 * slot].data_ptr<float>();
+    const int32_t* sums = int8[10 * l + 2 * slot + 1].data_ptr<int32_t>();
+#ifdef INT8_PANELS
+    if (W.dim() == 4) return int8_panel_products(X, m, k, W, n, scales, sums, optional_data(B), Y);
+#endif
+    int8_dot_products(quantize_rows(X, m, k, k), m, k, W.data_ptr<int8_t>(), n, scales, sums, optional_data(B), Y);
+  };
   torch::Tensor out = x.contiguous().clone();
   std::vector<float> normed(m * d), qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
   float* X = out.data_ptr<float>();
@@ -729,7 +773,7 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
     float *K = keys[l].data_ptr<float>(), *V = values[l].data_ptr<float>();
     const int64_t capacity = keys[l].size(2);
     rms_rows(X, m, d, p[0].data_ptr<float>(), float(eps), normed.data());
-    product(normed.data(), m, d, p[1], width, optional_data(p[2]), qkv.data());
+    apply(l, 1, normed.data(), d, width, qkv.data());
     for (int64_t r = 0; r < m; ++r) {
       float* row = qkv.data() + r * width;
       turn_heads(row, heads + kv_heads, d_k, C, S);
@@ -750,13 +794,13 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
         attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data(), o);
       }
     });
-    product(attended.data(), m, d, p[3], d, optional_data(p[4]), sublayer.data());
+    apply(l, 3, attended.data(), d, d, sublayer.data());
     for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
     rms_rows(X, m, d, p[5].data_ptr<float>(), float(eps), normed.data());
-    product(normed.data(), m, d, p[6], d_ff, optional_data(p[7]), gate.data());
-    product(normed.data(), m, d, p[8], d_ff, optional_data(p[9]), up.data());
+    apply(l, 6, normed.data(), d, d_ff, gate.data());
+    apply(l, 8, normed.data(), d, d_ff, up.data());
     for (int64_t i = 0; i < m * d_ff; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];  // SiLU(W1 h) ⊙ W3 h
-    product(gate.data(), m, d_ff, p[10], d, optional_data(p[11]), sublayer.data());
+    apply(l, 10, gate.data(), d_ff, d, sublayer.data());
     for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
   }
   return out;
