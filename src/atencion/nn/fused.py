@@ -31,6 +31,7 @@ from .positional import RotaryPositions
 from .quantize import Int8Linear
 
 _NO_BIAS = torch.empty(0)
+_WEIGHTS = (1, 3, 6, 8, 10)  # W^QKV, W^O, W1, W3, W2 among a layer's 12 tensors
 
 
 def _layer_params(layer: nn.Module) -> tuple[list[Tensor], list[nn.Module]] | None:
@@ -71,31 +72,28 @@ def plan(decoder: nn.Module, rows: int) -> tuple[list[Tensor], list[Tensor]] | N
             or decoder.prefix is not None or decoder.prompt is not None or matvec.kernel() is None
             or matvec._decoder_step is None):
         return None
-    params, int8 = [], []
+    layers = [_layer_params(layer) for layer in decoder.layers]
+    if any(own is None for own in layers) or len({type(linears[0]) for _, linears in layers}) > 1:
+        return None  # another kind of block, or int8 and float32 layers mixed
+    attn = decoder.layers[0].self_attn
+    tensors = [t for own, _ in layers for t in own]
+    if not (attn.d_k % 16 == 0 and attn.d_k <= 256 and matvec._inference(*tensors)
+            and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)):
+        return None
     floats, int8_panels = layout(rows)
-    for layer in decoder.layers:
-        own = _layer_params(layer)
-        if own is None:
-            return None
-        tensors, linears = own
-        if type(linears[0]) is Int8Linear:
-            if rows > matvec.MAX_ROWS and not int8_panels:
-                return None
-            for i, m in zip((1, 3, 6, 8, 10), linears):
-                tensors[i] = matvec.int8_panels(m._int8) if int8_panels else m._int8
+    quantized = type(layers[0][1][0]) is Int8Linear  # (the checks above read its float32 copy of W)
+    if quantized and rows > matvec.MAX_ROWS and not int8_panels:
+        return None
+    params, int8 = [], []
+    for own, linears in layers:
+        if quantized:
+            for i, m in zip(_WEIGHTS, linears):
+                own[i] = matvec.int8_panels(m._int8) if int8_panels else m._int8
                 int8 += [m._scales, m._sums]
         else:
-            if floats:
-                tensors = [matvec.panels(p) if i in (1, 3, 6, 8, 10) else p for i, p in enumerate(tensors)]
+            own = [matvec.panels(p) if floats and i in _WEIGHTS else p for i, p in enumerate(own)]
             int8 += [_NO_BIAS] * 10
-        params += tensors
-    if len({p.dtype for p in params[1::12]}) > 1:
-        return None  # int8 and float32 layers mixed
-    attn = decoder.layers[0].self_attn
-    numbers = [p for p in params + int8 if p.dtype == torch.float32]
-    if not (attn.d_k % 16 == 0 and attn.d_k <= 256 and matvec._inference(*numbers)
-            and all(p.device.type == "cpu" and p.is_contiguous() for p in params + int8)):
-        return None
+        params += own
     return params, int8
 
 
