@@ -259,9 +259,10 @@ static Quantized quantize_rows(const float* X, int64_t m, int64_t k, int64_t str
   return {std::move(values), float(scale), zero};
 }
 
-// Y (m, n) = the quantized rows (m, k) times the int8 W (n, k), rescaled by S (n) and the rows' scale, + B.
-static void int8_dot_products(const Quantized& quantized, int64_t m, int64_t k, const int8_t* W, int64_t n,
-                              const float* S, const int32_t* Z, const float* B, float* Y) {
+// Y (m, n) = X (m, k), quantized, times the int8 W (n, k), rescaled by S (n) and the rows' scale, + B.
+static void int8_dot_products(const float* X, int64_t m, int64_t k, const int8_t* W, int64_t n, const float* S,
+                              const int32_t* Z, const float* B, float* Y) {
+  const Quantized quantized = quantize_rows(X, m, k, k);
   const uint8_t* Q = quantized.values.data();
   const float scale = quantized.scale;
   const int32_t zero = quantized.zero;
@@ -292,8 +293,8 @@ torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, c
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matvec_int8");
-  int8_dot_products(quantize_rows(rows.data_ptr<float>(), m, k, k), m, k, weight.data_ptr<int8_t>(), n,
-                    scales.data_ptr<float>(), sums.data_ptr<int32_t>(), B, y.data_ptr<float>());
+  int8_dot_products(rows.data_ptr<float>(), m, k, weight.data_ptr<int8_t>(), n, scales.data_ptr<float>(),
+                    sums.data_ptr<int32_t>(), B, y.data_ptr<float>());
   return y;
 }
 
@@ -689,7 +690,8 @@ static const float* optional_data(const torch::Tensor& t) { return t.numel() ? t
 
 
 torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
-                           const std::vector<torch::Tensor>& int8, const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                           const std::vector<torch::Tensor>& int8, const std::vector<torch::Tensor>& keys,
+                           const std::vector<torch::Tensor>& values,
                            int64_t start, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
                            int64_t kv_heads, double eps, double scale) {
   // x: (m, d) float32, each row's new token embedded. params: per layer 12 float32 tensors, the biases empty
@@ -730,7 +732,8 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
       if (!quantized) {
         TORCH_CHECK(((W.dim() == 2 && m <= 5 && W.size(0) == n) || (W.dim() == 3 && W.size(0) == (n + 15) / 16 &&
                      W.size(2) == 16)) && W.size(1) == k && scales.numel() == 0 && sums.numel() == 0,
-                    "decoder_step: each weight (n, k) as rows for up to 5 rows of x or in panels (ceil(n / 16), k, 16)");
+                    "decoder_step: each weight (n, k) as rows for up to 5 rows of x or in panels "
+                    "(ceil(n / 16), k, 16)");
         continue;
       }
 #ifdef INT8_PANELS
@@ -762,7 +765,7 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
 #ifdef INT8_PANELS
     if (W.dim() == 4) return int8_panel_products(X, m, k, W, n, scales, sums, optional_data(B), Y);
 #endif
-    int8_dot_products(quantize_rows(X, m, k, k), m, k, W.data_ptr<int8_t>(), n, scales, sums, optional_data(B), Y);
+    int8_dot_products(X, m, k, W.data_ptr<int8_t>(), n, scales, sums, optional_data(B), Y);
   };
   torch::Tensor out = x.contiguous().clone();
   std::vector<float> normed(m * d), qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
