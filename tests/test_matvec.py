@@ -45,7 +45,7 @@ def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch
     x = torch.randn(2, 1, 32)
     with torch.no_grad():
         out = matvec.linear(x, weight)
-    assert calls == [(2, 32)] and out.shape == (2, 1, 64)
+    assert calls == [(2, 1, 32)] and out.shape == (2, 1, 64)  # the layer's tensor as it is: no reshaping
     torch.testing.assert_close(out, F.linear(x, weight.detach()), rtol=1e-5, atol=1e-5)
 
     calls.clear()
@@ -102,6 +102,33 @@ def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (1, 3), (2, 2, 1), (3,)])
+def test_the_kernels_take_any_leading_shape_and_give_it_back(kernel, shape):
+    """(..., k) in, (..., n) out, equal to the same rows given as a matrix, for every kernel a layer
+    calls; a non-contiguous x too (made contiguous inside)."""
+    generator = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, 577, generator=generator)
+    rows = x.reshape(-1, 577)
+    weight = torch.randn(1001, 577, generator=generator)
+    bias = torch.randn(1001, generator=generator)
+    layer = int8_layer(1001, 577, True, 3)
+    products = [lambda x: kernel(x, weight, bias),
+                lambda x: matvec._kernel_int8(x, layer._int8, layer._scales, layer._sums, layer.bias)]
+    if matvec._panels_kernel is not None:
+        products.append(lambda x: matvec._panels_kernel(x, matvec.panels(weight), 1001, bias))
+    if matvec._int8_panels_kernel is not None:
+        products.append(lambda x: matvec._int8_panels_kernel(x, matvec.int8_panels(layer._int8), 1001,
+                                                             layer._scales, layer._sums, layer.bias))
+    for product in products:
+        got = product(x)
+        assert got.shape == (*shape, 1001)
+        assert torch.equal(got.reshape(-1, 1001), product(rows))
+    strided = torch.randn(577, rows.size(0), generator=generator).t()  # (rows, 577), not contiguous
+    assert torch.equal(kernel(strided, weight, bias), kernel(strided.contiguous(), weight, bias))
+    gain = torch.randn(577, generator=generator)
+    assert torch.equal(matvec._rms_norm(x, gain, 1e-5).reshape(-1, 577), matvec._rms_norm(rows, gain, 1e-5))
 
 
 @pytest.fixture(scope="module")

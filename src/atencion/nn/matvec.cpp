@@ -111,6 +111,16 @@ static const float* bias_data(const std::optional<torch::Tensor>& bias, int64_t 
   return kept.data_ptr<float>();
 }
 
+// x (..., k) as rows (m, k), contiguous; and the shape (..., n) of a product of those rows: the kernels take
+// and give a layer's tensors as they are, so that the caller reshapes nothing around the call.
+static torch::Tensor as_rows(const torch::Tensor& x) { return x.reshape({-1, x.size(-1)}).contiguous(); }
+
+static std::vector<int64_t> shaped(const torch::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n;
+  return shape;
+}
+
 // Asks for the `bytes` that follow a row of W (the rows read next) PREFETCH bytes ahead, a cache line at a time,
 // so that they are on their way from memory while this row is multiplied.
 #ifndef PREFETCH
@@ -184,17 +194,17 @@ static void dot_products(const float* X, int64_t m, int64_t k, const float* W, i
 }
 
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
-  // x: (m, k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (m, n).
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec: shapes (m, k) and (n, k)");
+  // x: (..., k) float32; weight: (n, k) float32 contiguous; bias: (n) or none. Returns (..., n).
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "matvec: shapes (..., k) and (n, k)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "matvec: float32 only");
   TORCH_CHECK(weight.is_contiguous(), "matvec: the weight must be contiguous");
-  const torch::Tensor rows = x.contiguous();
+  const torch::Tensor rows = as_rows(x);
   const int64_t m = rows.size(0), k = rows.size(1), n = weight.size(0);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while it is read
   const float* B = bias_data(bias, n, b, "matvec");
   dot_products(rows.data_ptr<float>(), m, k, weight.data_ptr<float>(), n, B, y.data_ptr<float>());
-  return y;
+  return y.view(shaped(x, n));
 }
 
 // sum_i q[i] * w[i] for 7-bit unsigned q and int8 w, exact in int32
@@ -279,23 +289,24 @@ static void int8_dot_products(const float* X, int64_t m, int64_t k, const int8_t
 
 torch::Tensor matvec_int8(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const std::optional<torch::Tensor>& bias) {
-  // x: (m, k) float32; weight: (n, k) int8 contiguous, row o is W[o] / scales[o] rounded; sums: (n) int32, the
-  // sum of each int8 row; bias: (n) float32 or none. Returns (m, n) float32.
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "matvec_int8: shapes (m, k) and (n, k)");
+  // x: (..., k) float32; weight: (n, k) int8 contiguous, row o is W[o] / scales[o] rounded; sums: (n) int32, the
+  // sum of each int8 row; bias: (n) float32 or none. Returns (..., n) float32.
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+              "matvec_int8: shapes (..., k) and (n, k)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kChar && weight.is_contiguous(),
               "matvec_int8: float32 rows and a contiguous int8 weight");
   const int64_t n = weight.size(0);
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n &&
               sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n,
               "matvec_int8: one float32 scale and one int32 sum per row of the weight");
-  const torch::Tensor rows = x.contiguous();
+  const torch::Tensor rows = as_rows(x);
   const int64_t m = rows.size(0), k = rows.size(1);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matvec_int8");
   int8_dot_products(rows.data_ptr<float>(), m, k, weight.data_ptr<int8_t>(), n, scales.data_ptr<float>(),
                     sums.data_ptr<int32_t>(), B, y.data_ptr<float>());
-  return y;
+  return y.view(shaped(x, n));
 }
 
 // From 6 to 16 rows (a batch of sentences, a beam) reading each weight once per row no longer pays:
@@ -372,19 +383,21 @@ static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W
 
 torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                             const std::optional<torch::Tensor>& bias) {
-  // x: (m, k) float32, m <= 16; panels: (ceil(n / 16), k, 16) float32 contiguous; bias: (n) or none.
+  // x: (..., k) float32, at most 16 rows; panels: (ceil(n / 16), k, 16) float32 contiguous; bias: (n) or none.
+  // Returns (..., n).
 #if SIMD
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_panels: (m <= 16, k) float32");
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.numel() <= 16 * x.size(-1),
+              "matmul_panels: (..., k) float32, at most 16 rows");
   TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.scalar_type() == at::kFloat &&
-              panels.size(0) == (n + 15) / 16 && panels.size(1) == x.size(1) && panels.size(2) == 16,
+              panels.size(0) == (n + 15) / 16 && panels.size(1) == x.size(-1) && panels.size(2) == 16,
               "matmul_panels: panels (ceil(n / 16), k, 16) float32");
-  const torch::Tensor rows = x.contiguous();
+  const torch::Tensor rows = as_rows(x);
   const int64_t m = rows.size(0), k = rows.size(1);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matmul_panels");
   product(rows.data_ptr<float>(), m, k, panels, n, B, y.data_ptr<float>());
-  return y;
+  return y.view(shaped(x, n));
 #else
   TORCH_CHECK(false, "matmul_panels: compiled without AVX-512 or AVX2");
 #endif
@@ -507,24 +520,26 @@ static void int8_panel_products(const float* X, int64_t m, int64_t k, const torc
 torch::Tensor matmul_int8_panels(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
                                  const torch::Tensor& scales, const torch::Tensor& sums,
                                  const std::optional<torch::Tensor>& bias) {
-  // x: (m <= 16, k) float32; panels: (ceil(n / 16), ceil(k / 4), 16, 4) int8; scales, sums, bias as matvec_int8's.
+  // x: (..., k) float32, at most 16 rows; panels: (ceil(n / 16), ceil(k / 4), 16, 4) int8; scales, sums, bias
+  // as matvec_int8's. Returns (..., n).
 #ifdef INT8_PANELS
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) <= 16, "matmul_int8_panels: (m <= 16, k) float32");
-  const int64_t groups = (x.size(1) + 3) / 4;
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.numel() <= 16 * x.size(-1),
+              "matmul_int8_panels: (..., k) float32, at most 16 rows");
+  const int64_t groups = (x.size(-1) + 3) / 4;
   TORCH_CHECK(panels.dim() == 4 && panels.is_contiguous() && panels.scalar_type() == at::kChar &&
               panels.size(0) == (n + 15) / 16 && panels.size(1) == groups && panels.size(2) == 16 && panels.size(3) == 4,
               "matmul_int8_panels: panels (ceil(n / 16), ceil(k / 4), 16, 4) int8");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n &&
               sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n,
               "matmul_int8_panels: one float32 scale and one int32 sum per row of the weight");
-  const torch::Tensor rows = x.contiguous();
+  const torch::Tensor rows = as_rows(x);
   const int64_t m = rows.size(0), k = rows.size(1);
   torch::Tensor y = torch::empty({m, n}, rows.options());
   torch::Tensor b;  // the bias made contiguous, alive while B is read
   const float* B = bias_data(bias, n, b, "matmul_int8_panels");
   int8_panel_products(rows.data_ptr<float>(), m, k, panels, n, scales.data_ptr<float>(), sums.data_ptr<int32_t>(), B,
                       y.data_ptr<float>());
-  return y;
+  return y.view(shaped(x, n));
 #else
   TORCH_CHECK(false, "matmul_int8_panels: compiled without AVX-512 VNNI or AVX2");
 #endif
@@ -547,12 +562,13 @@ static void rms_rows(const float* X, int64_t m, int64_t d, const float* G, float
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  // x: (m, d) float32 contiguous; each row times weight / sqrt(mean(row²) + eps), as nn.RMSNorm
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rms_norm: contiguous float32 rows");
-  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+  // x: (..., d) float32 contiguous; each row of d times weight / sqrt(mean(row²) + eps), as nn.RMSNorm
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rms_norm: contiguous float32 rows");
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == d,
               "rms_norm: one float32 weight per feature");
   torch::Tensor y = torch::empty_like(x);
-  rms_rows(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<float>(), float(eps), y.data_ptr<float>());
+  rms_rows(x.data_ptr<float>(), d ? x.numel() / d : 0, d, weight.data_ptr<float>(), float(eps), y.data_ptr<float>());
   return y;
 }
 

@@ -98,20 +98,37 @@ def kernel():
     return _kernel
 
 
+def _onnx_exporting():
+    """``torch.onnx.is_in_onnx_export`` without the two imports it makes at every call (``eager`` is
+    asked before every kernel, a dozen times a layer): its two flags read directly, or, in a PyTorch
+    that keeps them elsewhere, the function itself."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        return torch.onnx.is_in_onnx_export
+    return lambda: GLOBALS.in_onnx_export or _flags._is_onnx_exporting
+
+
+_exporting = _onnx_exporting()
+
+
 def eager() -> bool:
     """Not tracing, compiling or exporting: the kernels (and nn/cache.py's buffers) stay out of graphs."""
-    return not (torch.jit.is_tracing() or _compiling() or torch.onnx.is_in_onnx_export())
+    return not (torch.jit.is_tracing() or _compiling() or _exporting())
 
 
 def _few_rows(x: Tensor, most: int = MAX_ROWS) -> bool:
     """At most ``most`` rows on the CPU, outside tracing, compiling and export."""
-    return x.device.type == "cpu" and 0 < x.numel() <= most * x.size(-1) and eager()
+    return x.is_cpu and 0 < x.numel() <= most * x.size(-1) and eager()
 
 
 def _inference(*tensors: Tensor) -> bool:
     """float32 tensors, none of which needs its gradient."""
-    return (all(t.dtype == torch.float32 for t in tensors)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+    for t in tensors:  # (a loop, not all() over a generator: asked before every kernel)
+        if t.dtype is not torch.float32:
+            return False
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
 def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -167,29 +184,26 @@ def _panels_of(weight: Tensor) -> Tensor | None:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
-    if _applies(x, weight, bias) and kernel() is not None:
-        rows = x.reshape(-1, x.size(-1))
-        if rows.size(0) <= MAX_ROWS:
-            out = _kernel(rows, weight, bias)
-        elif _panels_kernel is not None and (laid_out := _panels_of(weight)) is not None:
-            out = _panels_kernel(rows, laid_out, weight.size(0), bias)
-        else:
-            return F.linear(x, weight, bias)
-        return out.view(*x.shape[:-1], weight.size(0))
+    if _applies(x, weight, bias) and kernel() is not None:  # (the kernels take x (..., k) and give (..., n))
+        if x.numel() <= MAX_ROWS * x.size(-1):
+            return _kernel(x, weight, bias)
+        if _panels_kernel is not None and (laid_out := _panels_of(weight)) is not None:
+            return _panels_kernel(x, laid_out, weight.size(0), bias)
     return F.linear(x, weight, bias)
 
 
 def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: Tensor | None) -> Tensor | None:
-    """The int8 kernels' ``x Wᵀ + b`` for float32 rows ``x`` (rows, k), ``W = weight * scales[:, None]``
+    """The int8 kernels' ``x Wᵀ + b`` for float32 ``x`` (..., k), ``W = weight * scales[:, None]``
     (``weight`` int8, ``sums`` its rows' int32 sums): up to ``MAX_ROWS`` rows by dot products, up to
     ``PANEL_ROWS`` on ``int8_panels(weight)`` (AVX-512 VNNI from one row on, AVX2 from 3: where they beat
     the dot products). None where neither applies (more rows, another device, tracing, switched off):
     the caller then runs PyTorch's ``linear_dynamic``."""
     if not (_few_rows(x, PANEL_ROWS) and kernel() is not None):
         return None
-    if _int8_panels_kernel is not None and x.size(0) >= _int8_panels_from:  # no sums across a vector
+    rows = x.numel() // x.size(-1)
+    if _int8_panels_kernel is not None and rows >= _int8_panels_from:  # no sums across a vector
         return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
-    if x.size(0) <= MAX_ROWS and _kernel_int8 is not None:
+    if rows <= MAX_ROWS and _kernel_int8 is not None:
         return _kernel_int8(x, weight, scales, sums, bias)
     return None
 
@@ -223,7 +237,7 @@ class RMSNorm(nn.RMSNorm):
         if (_few_rows(x, SMALL_ROWS) and x.is_contiguous() and _inference(x, self.weight)
                 and kernel() is not None and _rms_norm is not None):
             eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
-            return _rms_norm(x.view(-1, x.size(-1)), self.weight, eps).view(x.shape)
+            return _rms_norm(x, self.weight, eps)
         return super().forward(x)
 
 

@@ -47,12 +47,12 @@ class Int8Linear(nn.Module):
             self._sums = self._int8.sum(dim=1, dtype=torch.int32)
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1]).float()
-        out = matvec.int8_linear(rows, self._int8, self._scales, self._sums, self.bias)
+        x = x.float()
+        out = matvec.int8_linear(x, self._int8, self._scales, self._sums, self.bias)  # (..., n), or None
         if out is None:  # reduce_range: 7-bit inputs, so AVX2's 16-bit pairwise sums cannot saturate
-            out = torch.ops.quantized.linear_dynamic(rows, self._packed, True)
-        return out.view(*shape[:-1], out.size(-1))
+            out = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.size(-1)), self._packed, True)
+            out = out.view(*x.shape[:-1], out.size(-1))
+        return out
 
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Output features ``start:stop`` in float32 (the cross-attention projections slice them)."""
