@@ -39,6 +39,7 @@ class KVCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self._room: tuple[Tensor, Tensor] | None = None  # buffers whose first keys are k and v
+        self._written: tuple[Tensor, Tensor] | None = None  # k and v as ``written`` left them
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.size(2)
@@ -66,6 +67,9 @@ class KVCache:
         """Buffers (batch, heads, capacity, d_k) whose first keys and values are k and v, with room
         up to position ``end``: the ones kept, or new ones (twice ``end``) holding a copy of them.
         The cache needs keys already (a first ``append``)."""
+        if self._written is not None and self._written[0] is self.k and self._written[1] is self.v \
+                and end <= self._room[0].size(2):  # untouched since the last step (a step's common case)
+            return self._room
         if not (self._room is not None and self._holds(self._room[0], self.k, end)
                 and self._holds(self._room[1], self.v, end)):
             start = self.k.size(2)
@@ -76,7 +80,8 @@ class KVCache:
     def written(self, end: int) -> None:
         """The buffers' first ``end`` positions are the cache now: the new keys and values were
         written into :meth:`room` (by ``append``, or by the whole-step kernel of nn/fused.py)."""
-        self.k, self.v = self._room[0][:, :, :end], self._room[1][:, :, :end]
+        self.k, self.v = self._room[0].narrow(2, 0, end), self._room[1].narrow(2, 0, end)
+        self._written = self.k, self.v
 
     @staticmethod
     def _holds(buffer: Tensor, kept: Tensor, end: int) -> bool:
@@ -96,7 +101,7 @@ class KVCache:
             shape = (len(index),) + self.k.shape[1:]
             self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
             self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
-            self._room = None  # the old rows' buffers: new ones at the next step
+            self._room = self._written = None  # the old rows' buffers: new ones at the next step
 
 
 class BeamKVCache(KVCache):
