@@ -286,10 +286,11 @@ class MultiHeadAttention(nn.Module):
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``in_proj``'s output (batch, length, (h + 2g)·d_k) → q (batch, h, length, d_k), k and v
         (batch, g, length, d_k): views, laid out as :meth:`_heads` lays them out when g = h (every
-        head at once, then three narrows: a decoding step makes this split in every layer)."""
+        head at once, then one split: three calls, which a decoding step makes in every layer; and one
+        gradient, as the split's)."""
         b, t, _ = projected.shape
         heads = projected.view(b, t, self.h + 2 * self.g, self.d_k).transpose(1, 2)
-        return heads.narrow(1, 0, self.h), heads.narrow(1, self.h, self.g), heads.narrow(1, self.h + self.g, self.g)
+        return heads.split_with_sizes([self.h, self.g, self.g], dim=1)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         """(batch, length, n·d_model) → (n, batch, h, length, d_k)."""
