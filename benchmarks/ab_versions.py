@@ -1,8 +1,14 @@
 """Is this checkout slower than another one? Training steps and beam search of the same model,
-old and new taking turns in one process, with the ratio taken pair by pair.
+and generation steps of a decoder-only model, old and new taking turns in one process, with the
+ratio taken pair by pair.
 
     git worktree add /tmp/old HEAD~3
-    python benchmarks/ab_versions.py /tmp/old/src            # 12 pairs, about a minute on 2 cores
+    python benchmarks/ab_versions.py /tmp/old/src            # 12 pairs, about two minutes on 2 cores
+    ATENCION_FUSED=0 python benchmarks/ab_versions.py /tmp/old/src   # generation layer by layer
+
+The generation rows time 40 steps of batch ``--rows`` after a 16-token prompt, of ``--lm``'s shape
+(SmolLM-135M's by default: its products dominate) and of the same preset shrunk to 30 layers of
+d_model 64 (its products take microseconds: what is left is the step's cost around them).
 
 The other checkout's package is copied as ``atencion_old`` (its imports are relative, so both
 live side by side); both models get the same weights and must give the same beams. Across
@@ -28,6 +34,10 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
     parser.add_argument("--vocab", type=int, default=8000, help="vocabulary (default: 8000)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--lm", default="smollm-135m", help="decoder-only preset whose generation steps are "
+                        "timed (default: smollm-135m; none: skip them)")
+    parser.add_argument("--lm-vocab", type=int, default=49152, help="its vocabulary (default: 49152, SmolLM's)")
+    parser.add_argument("--rows", type=int, default=1, help="generation batch (default: 1)")
     args = parser.parse_args()
     package = Path(args.old_src) / "atencion"
     if not (package / "__init__.py").is_file():
@@ -94,9 +104,55 @@ def main() -> None:
     print(f"same beams: {same}; preset {args.preset}, vocabulary {args.vocab}, {args.threads} threads")
     for name, r in (("training (3 steps, 64 x 24/26 tokens)", train_ratio),
                     ("beam search (32 sentences, beam 4)", decode_ratio)):
-        print(f"{name}: time new/old median {statistics.median(r):.3f} (range {min(r):.3f}-{max(r):.3f}, "
-              f"{len(r)} pairs)")
+        report(name, r)
+    if args.lm != "none":
+        small = dict(n_layers=30, d_model=64, d_ff=128, n_heads=4, vocab_size=256)
+        for label, overrides in ((args.lm, dict(vocab_size=args.lm_vocab)),
+                                 (f"{args.lm} shrunk to 30 layers of d_model 64", small)):
+            generation(atencion, atencion_old, label, args.lm, overrides, args.rows, args.pairs)
     shutil.rmtree(holder, ignore_errors=True)
+
+
+def report(name: str, ratios: list[float]) -> None:
+    print(f"{name}: time new/old median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}, "
+          f"{len(ratios)} pairs)")
+
+
+def generation(new_pkg, old_pkg, label: str, preset: str, overrides: dict, rows: int, pairs: int) -> None:
+    """40 generation steps of batch ``rows`` in each checkout, taking turns; the same logits in both."""
+    import torch
+
+    if "n_heads" in overrides and new_pkg.ModelConfig.preset(preset, vocab_size=256).n_kv_heads:
+        overrides = dict(overrides, n_kv_heads=2)  # grouped-query attention kept, for 4 heads
+    models = []
+    for package in (new_pkg, old_pkg):
+        torch.manual_seed(0)
+        try:
+            models.append(package.Transformer(package.ModelConfig.preset(preset, **overrides)).eval())
+        except Exception as err:  # an older checkout without the preset or one of its keys
+            print(f"generation ({label}): skipped, the other checkout cannot build it ({err})")
+            return
+    models[1].load_state_dict(models[0].state_dict())
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(4, models[0].cfg.vocab_size, (1, 16), generator=g).expand(rows, -1).contiguous()
+    token = torch.full((rows, 1), 5)
+
+    @torch.inference_mode()
+    def steps(model, n=40):
+        state = model.init_state()
+        model.decode_step(prompt, state, last=1)
+        began = time.perf_counter()
+        for _ in range(n):
+            logits = model.decode_step(token, state)
+        return time.perf_counter() - began, logits
+
+    (_, new_logits), (_, old_logits) = steps(models[0], 2), steps(models[1], 2)
+    ratios = []
+    for i in range(pairs):  # each checkout first in every other pair
+        seconds = {j: steps(models[j])[0] for j in ((0, 1) if i % 2 else (1, 0))}
+        ratios.append(seconds[0] / seconds[1])
+    print(f"same logits: {torch.equal(new_logits, old_logits)}")
+    report(f"generation, {label}, batch {rows} (40 steps)", ratios)
 
 
 if __name__ == "__main__":
