@@ -60,6 +60,7 @@ _decoder_step = None  # decoder_step (nn/fused.py), with AVX-512 or AVX2
 _tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
+SOURCE = Path(__file__).with_suffix(".cpp")  # the kernels' C++, compiled on first use
 
 
 def kernel():
@@ -82,7 +83,7 @@ def kernel():
                     "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
                     "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
                 flags = ["-O3", "-march=native", "-fopenmp"]
-                module = load("atencion_matvec", [str(Path(__file__).with_suffix(".cpp"))],
+                module = load("atencion_matvec", [str(SOURCE)],
                               extra_cflags=flags, extra_ldflags=["-fopenmp"])
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
                     module.rotate_
