@@ -18,7 +18,8 @@ Steps (a finished step is reused when the command is run again):
    head trained, the pretrained encoder frozen (the LoRA paper's claim, against step 3).
 With ``--seeds 1 2 3`` steps 3-5 run once per seed (train.seed; the pretraining and the data are
 the same for all): OUT/finetuned, OUT/scratch, OUT/lora for seed 1 (the configs' seed) and
-OUT/finetuned_seed2, ... for the others.
+OUT/finetuned_seed2, ... for the others. They run step by step, each with every seed: 3, then 5,
+then 4 (scratch does not use the pretraining), so the pair the LoRA claim compares comes first.
 Prints one JSON object (also written to OUT/sst2.json): per classifier, each seed's dev accuracy
 and the median and range over the seeds; for the fine-tuned ones their trainable parameters, the
 size of Adam's state and of a model directory and of a checkpoint on disk.
@@ -146,12 +147,14 @@ def main(argv: list[str] | None = None) -> dict:
         mlm_sets.append(f"train.max_steps={args.mlm_steps}")
     cls_sets = [f"data.train_tsv={data / 'train.tsv'}", f"data.valid_tsv={data / 'valid.tsv'}", *args.set_classify]
     mlm = run(args.mlm_config, out / "mlm", mlm_sets, args.threads)
+    # The two the LoRA claim compares first, every seed of each; scratch, which does not use the
+    # pretraining, last.
     steps = {"finetuned": (args.classify_config, [*cls_sets, f"train.init_from={mlm / 'best'}"]),
-             "scratch": (args.classify_config, cls_sets),
-             "lora": (args.lora_config, [*cls_sets, f"train.init_from={mlm / 'best'}", *args.set_lora])}
+             "lora": (args.lora_config, [*cls_sets, f"train.init_from={mlm / 'best'}", *args.set_lora]),
+             "scratch": (args.classify_config, cls_sets)}
     runs: dict[str, list[dict]] = {name: [] for name in steps}
-    for seed in args.seeds:
-        for name, (config, sets) in steps.items():
+    for name, (config, sets) in steps.items():
+        for seed in args.seeds:
             run_dir = run(config, out / (name if seed == 1 else f"{name}_seed{seed}"),
                           [*sets, f"train.seed={seed}"], args.threads)
             s = summary(run_dir)
