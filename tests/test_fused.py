@@ -102,6 +102,38 @@ def test_an_int8_models_steps_give_the_layer_by_layers_logits(step_kernel, monke
     assert 0.005 < (fused - exact).abs().mean() / exact.std() < 0.1
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("rows", [1, 3, matvec.PANEL_ROWS])
+def test_the_step_gives_the_same_numbers_on_any_number_of_threads(step_kernel, monkeypatch, rows, int8):
+    """The step runs in one parallel region, each product split over the threads in equal shares of
+    the weight's rows or panels (d_ff 200: 13 panels, shares of 13, 7 + 6 and 5 + 5 + 3): each output is
+    summed the same way in any share, so 1, 2 and 3 threads give the same residual stream bit for bit,
+    and write the same keys and values."""
+    from atencion.nn.quantize import quantize_int8
+
+    model = llama(n_kv_heads=2, n_layers=3, d_model=128, d_ff=200, n_heads=4)
+    model = quantize_int8(model) if int8 else model
+    calls = []
+    monkeypatch.setattr(matvec, "_decoder_step", lambda *a: calls.append(a) or step_kernel(*a))
+    ids = torch.randint(4, 97, (rows, 12), generator=torch.Generator().manual_seed(rows))
+    stepped(model, ids, 5)
+    x, params, scales, keys, values, start, *rest = calls[-1]
+    outputs, written = [], []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            for buffer in keys + values:
+                buffer[:, :, start].fill_(float("nan"))  # the new keys and values written again each time
+            outputs.append(step_kernel(x, params, scales, keys, values, start, *rest))
+            written.append(torch.stack([b[:, :, start] for b in keys + values]))
+    finally:
+        torch.set_num_threads(threads)
+    assert not outputs[0].isnan().any() and not written[0].isnan().any()
+    for out, new in zip(outputs[1:], written[1:]):
+        assert torch.equal(out, outputs[0]) and torch.equal(new, written[0])
+
+
 def test_speculative_rollback_keeps_the_cache_right(step_kernel, monkeypatch):
     """A state truncated after fused steps (a rejected draft) goes on from the kept positions."""
     model = llama(n_kv_heads=2)

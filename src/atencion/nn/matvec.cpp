@@ -16,11 +16,14 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -165,32 +168,36 @@ template <int M>
 constexpr int ROWS_OF_W = SIMD == 16 || M <= 2 ? 4 : 2;
 #endif
 
-// Y (m, n) = X (m, k) W^T + B by dot products, the output rows split over torch's threads: each row of
-// W is read once, from start to end, and multiplied by every row of X while it is in the L1 cache.
-static void dot_products(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y) {
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+// Rows [begin, end) of Y (m, n) = X (m, k) W^T + B by dot products: each row of W is read once, from start
+// to end, and multiplied by every row of X while it is in the L1 cache.
+static void dot_rows(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y,
+                     int64_t begin, int64_t end) {
 #if SIMD
-    // the rows of W left over one at a time by the same kernel: every output is summed in the same order,
-    // whatever the rows of x and the threads' shares of W
-    switch (m) {
+  // the rows of W left over one at a time by the same kernel: every output is summed in the same order,
+  // whatever the rows of x and the threads' shares of W
+  switch (m) {
 #define ROWS(M) case M: for (; begin + ROWS_OF_W<M> <= end; begin += ROWS_OF_W<M>) \
-                          rows_dot_products<M, ROWS_OF_W<M>>(X, k, W, n, begin, B, Y); \
-                        for (; begin < end; ++begin) rows_dot_products<M, 1>(X, k, W, n, begin, B, Y); break;
-      ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
+                        rows_dot_products<M, ROWS_OF_W<M>>(X, k, W, n, begin, B, Y); \
+                      for (; begin < end; ++begin) rows_dot_products<M, 1>(X, k, W, n, begin, B, Y); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
 #undef ROWS
-    }
+  }
 #endif
-    for (int64_t o = begin; o < end; ++o) {
-      const float* w = W + o * k;
-      for (int64_t r = 0; r < m; ++r) {
-        const float* xr = X + r * k;
-        float sum = 0.f;
+  for (int64_t o = begin; o < end; ++o) {
+    const float* w = W + o * k;
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = X + r * k;
+      float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < k; ++i) sum += w[i] * xr[i];
-        Y[r * n + o] = B ? sum + B[o] : sum;
-      }
+      for (int64_t i = 0; i < k; ++i) sum += w[i] * xr[i];
+      Y[r * n + o] = B ? sum + B[o] : sum;
     }
-  });
+  }
+}
+
+// The same for all n rows, split over torch's threads.
+static void dot_products(const float* X, int64_t m, int64_t k, const float* W, int64_t n, const float* B, float* Y) {
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) { dot_rows(X, m, k, W, n, B, Y, begin, end); });
 }
 
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias) {
@@ -269,21 +276,26 @@ static Quantized quantize_rows(const float* X, int64_t m, int64_t k, int64_t str
   return {std::move(values), float(scale), zero};
 }
 
-// Y (m, n) = X (m, k), quantized, times the int8 W (n, k), rescaled by S (n) and the rows' scale, + B.
+// Rows [begin, end) of Y (m, n) = the m rows of x, quantized (Q, as quantize_rows makes them with stride k), times
+// the int8 W (n, k), rescaled by S (n) and the rows' scale, + B.
+static void int8_dot_rows(const Quantized& quantized, int64_t m, int64_t k, const int8_t* W, int64_t n, const float* S,
+                          const int32_t* Z, const float* B, float* Y, int64_t begin, int64_t end) {
+  const uint8_t* Q = quantized.values.data();
+  for (int64_t o = begin; o < end; ++o) {
+    prefetch_ahead(W + o * k, k);
+    for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
+      const float value = quantized.scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - quantized.zero * Z[o]);
+      Y[r * n + o] = B ? value + B[o] : value;
+    }
+  }
+}
+
+// Y (m, n) = X (m, k), quantized, times the int8 W (n, k), rescaled, + B, split over torch's threads.
 static void int8_dot_products(const float* X, int64_t m, int64_t k, const int8_t* W, int64_t n, const float* S,
                               const int32_t* Z, const float* B, float* Y) {
   const Quantized quantized = quantize_rows(X, m, k, k);
-  const uint8_t* Q = quantized.values.data();
-  const float scale = quantized.scale;
-  const int32_t zero = quantized.zero;
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      prefetch_ahead(W + o * k, k);
-      for (int64_t r = 0; r < m; ++r) {  // (q - zero) . w = q . w - zero * sum(w)
-        const float value = scale * S[o] * float(dot_int8(Q + r * k, W + o * k, k) - zero * Z[o]);
-        Y[r * n + o] = B ? value + B[o] : value;
-      }
-    }
+    int8_dot_rows(quantized, m, k, W, n, S, Z, B, Y, begin, end);
   });
 }
 
@@ -357,27 +369,29 @@ static void panel_rows(const float* X, int64_t k, const float* panel, float* Y, 
   if constexpr (G < M) panel_rows<M - G>(X + G * k, k, panel, Y + G * n, n, first, B);
 }
 
-template <int M>
-static void panel_products(const float* X, int64_t k, const float* panels, int64_t count, float* Y, int64_t n,
-                           const float* B) {
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) panel_rows<M>(X, k, panels + p * k * 16, Y, n, p * 16, B);
-  });
-}
 #endif
 
 #if SIMD
 // Y (m, n) = X (m, k) W^T + B, W given as its rows (n, k), multiplied by dot products (up to 5 rows of X),
-// or in panels (ceil(n / 16), k, 16), multiplied by panel_products (up to 16).
-static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
-  if (W.dim() == 2) return dot_products(X, m, k, W.data_ptr<float>(), n, B, Y);
+// or in panels (ceil(n / 16), k, 16) (up to 16): for W's rows [begin, end), or its panels [begin, end).
+static void product_range(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B,
+                          float* Y, int64_t begin, int64_t end) {
+  if (W.dim() == 2) return dot_rows(X, m, k, W.data_ptr<float>(), n, B, Y, begin, end);
   const float* P = W.data_ptr<float>();
   switch (m) {
-#define ROWS(M) case M: panel_products<M>(X, k, P, W.size(0), Y, n, B); break;
+#define ROWS(M) case M: for (int64_t p = begin; p < end; ++p) panel_rows<M>(X, k, P + p * k * 16, Y, n, p * 16, B); \
+                        break;
     ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
     ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
 #undef ROWS
   }
+}
+
+// The same for all of W, split over torch's threads.
+static void product(const float* X, int64_t m, int64_t k, const torch::Tensor& W, int64_t n, const float* B, float* Y) {
+  at::parallel_for(0, W.size(0), W.dim() == 2 ? 16 : 1, [&](int64_t begin, int64_t end) {
+    product_range(X, m, k, W, n, B, Y, begin, end);
+  });
 }
 #endif
 
@@ -498,22 +512,30 @@ static void int8_panel_rows(const uint8_t* Q, int64_t stride, const int8_t* pane
 #endif
 
 #ifdef INT8_PANELS
-// Y (m <= 16, n) = X (m, k), quantized, times the int8 W in panels (ceil(n / 16), ceil(k / 4), 16, 4), rescaled, + B.
-static void int8_panel_products(const float* X, int64_t m, int64_t k, const torch::Tensor& panels, int64_t n,
-                                const float* S, const int32_t* Z, const float* B, float* Y) {
-  const int64_t groups = panels.size(1), stride = 4 * groups, count = panels.size(0);
-  const Quantized quantized = quantize_rows(X, m, k, stride);
+// Panels [begin, end) of Y (m <= 16, n) = the m rows of x, quantized (with stride 4 · ceil(k / 4)), times the int8 W
+// in panels (ceil(n / 16), ceil(k / 4), 16, 4), rescaled, + B.
+static void int8_panel_range(const Quantized& quantized, int64_t m, const torch::Tensor& panels, int64_t n,
+                             const float* S, const int32_t* Z, const float* B, float* Y, int64_t begin, int64_t end) {
+  const int64_t groups = panels.size(1), stride = 4 * groups;
   const uint8_t* Q = quantized.values.data();
   const int8_t* P = panels.data_ptr<int8_t>();
   switch (m) {
-#define ROWS(M) case M: at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) { \
-      for (int64_t p = begin; p < end; ++p) \
+#define ROWS(M) case M: for (int64_t p = begin; p < end; ++p) \
         int8_panel_rows<M>(Q, stride, P + p * groups * 64, Y, n, p * 16, quantized.scale, quantized.zero, S, Z, B); \
-    }); break;
+    break;
     ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
     ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
 #undef ROWS
   }
+}
+
+// Y (m <= 16, n) = X (m, k), quantized, times the int8 W in panels, rescaled, + B, split over torch's threads.
+static void int8_panel_products(const float* X, int64_t m, int64_t k, const torch::Tensor& panels, int64_t n,
+                                const float* S, const int32_t* Z, const float* B, float* Y) {
+  const Quantized quantized = quantize_rows(X, m, k, 4 * panels.size(1));
+  at::parallel_for(0, panels.size(0), 1, [&](int64_t begin, int64_t end) {
+    int8_panel_range(quantized, m, panels, n, S, Z, B, Y, begin, end);
+  });
 }
 #endif
 
@@ -770,57 +792,90 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
       TORCH_CHECK(buffer->dim() == 4 && buffer->is_contiguous() && buffer->scalar_type() == at::kFloat &&
                   buffer->size(0) == m && buffer->size(1) == kv_heads && buffer->size(2) > start &&
                   buffer->size(3) == d_k, "decoder_step: key/value buffers (m, kv_heads, capacity > start, d_k)");
-  // the product of layer l's weight w (of its 12: W^QKV 1, W^O 3, W1 6, W3 8, W2 10): float32 or int8, as rows
-  // or in panels
-  auto apply = [&](int64_t l, int w, const float* X, int64_t k, int64_t n, float* Y) {
-    const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];
-    if (!quantized) return product(X, m, k, W, n, optional_data(B), Y);
-    const int slot = (w - 1) / 2;  // 0 to 4
-    const float* scales = int8[10 * l + 2 * slot].data_ptr<float>();
-    const int32_t* sums = int8[10 * l + 2 * slot + 1].data_ptr<int32_t>();
-#ifdef INT8_PANELS
-    if (W.dim() == 4) return int8_panel_products(X, m, k, W, n, scales, sums, optional_data(B), Y);
-#endif
-    int8_dot_products(X, m, k, W.data_ptr<int8_t>(), n, scales, sums, optional_data(B), Y);
-  };
+  // The whole step runs in one parallel region: each product split over the threads as product() splits it
+  // (W's rows, or its panels, in equal shares), the threads meeting at a barrier where one needs another's
+  // outputs. Every thread computes the RMSNorms (and, for int8 weights, quantizes the rows of x) itself,
+  // into its own buffers: the same numbers, without a barrier.
+  const int threads = std::max(1, at::get_num_threads());
+  std::vector<float> qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
+  std::vector<float> normed(threads * m * d), weights(threads * per * T);
   torch::Tensor out = x.contiguous().clone();
-  std::vector<float> normed(m * d), qkv(m * width), attended(m * d), sublayer(m * d), gate(m * d_ff), up(m * d_ff);
   float* X = out.data_ptr<float>();
   const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
-  for (int64_t l = 0; l < layers; ++l) {
-    const torch::Tensor* p = params.data() + 12 * l;
-    float *K = keys[l].data_ptr<float>(), *V = values[l].data_ptr<float>();
-    const int64_t capacity = keys[l].size(2);
-    rms_rows(X, m, d, p[0].data_ptr<float>(), float(eps), normed.data());
-    apply(l, 1, normed.data(), d, width, qkv.data());
-    for (int64_t r = 0; r < m; ++r) {
-      float* row = qkv.data() + r * width;
-      turn_heads(row, heads + kv_heads, d_k, C, S);
-      for (int64_t j = 0; j < kv_heads; ++j) {
-        const int64_t at = ((r * kv_heads + j) * capacity + start) * d_k;
-        std::memcpy(K + at, row + (heads + j) * d_k, d_k * sizeof(float));
-        std::memcpy(V + at, row + (heads + kv_heads + j) * d_k, d_k * sizeof(float));
+  // one thread's part of the step, thread t of `team`
+  auto part = [&](const int t, const int team) {
+    float* own = normed.data() + t * m * d;
+    // this thread's share of A (m, k) times layer l's weight w (of its 12: W^QKV 1, W^O 3, W1 6, W3 8, W2 10),
+    // float32 or int8, as rows or in panels; returns the outputs it wrote, [first, last)
+    auto apply = [&](int64_t l, int w, const float* A, int64_t k, int64_t n, float* Y) {
+      const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];
+      const int64_t units = W.size(0), block = W.dim() == 2 ? 16 : 1, per_unit = W.dim() == 2 ? 1 : 16;
+      const int64_t each = ((units + block - 1) / block + team - 1) / team * block;
+      const int64_t begin = std::min(units, t * each), end = std::min(units, (t + 1) * each);
+      if (!quantized) {
+        product_range(A, m, k, W, n, optional_data(B), Y, begin, end);
+      } else {
+        const int slot = (w - 1) / 2;  // 0 to 4
+        const float* scales = int8[10 * l + 2 * slot].data_ptr<float>();
+        const int32_t* sums = int8[10 * l + 2 * slot + 1].data_ptr<int32_t>();
+        const Quantized q = quantize_rows(A, m, k, W.dim() == 4 ? 4 * W.size(1) : k);
+#ifdef INT8_PANELS
+        if (W.dim() == 4) int8_panel_range(q, m, W, n, scales, sums, optional_data(B), Y, begin, end);
+        else
+#endif
+        int8_dot_rows(q, m, k, W.data_ptr<int8_t>(), n, scales, sums, optional_data(B), Y, begin, end);
       }
-    }
-    at::parallel_for(0, m * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> weights(per * T);
-      for (int64_t pair = begin; pair < end; ++pair) {
+      return std::pair<int64_t, int64_t>(std::min(n, begin * per_unit), std::min(n, end * per_unit));
+    };
+    // x += the sublayer's outputs [first, last) of each row
+    auto add = [&](std::pair<int64_t, int64_t> outputs) {
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = outputs.first; i < outputs.second; ++i) X[r * d + i] += sublayer[r * d + i];
+    };
+    for (int64_t l = 0; l < layers; ++l) {
+      const torch::Tensor* p = params.data() + 12 * l;
+      float *K = keys[l].data_ptr<float>(), *V = values[l].data_ptr<float>();
+      const int64_t capacity = keys[l].size(2);
+      rms_rows(X, m, d, p[0].data_ptr<float>(), float(eps), own);
+      apply(l, 1, own, d, width, qkv.data());
+#pragma omp barrier
+#pragma omp single
+      for (int64_t r = 0; r < m; ++r) {
+        float* row = qkv.data() + r * width;
+        turn_heads(row, heads + kv_heads, d_k, C, S);
+        for (int64_t j = 0; j < kv_heads; ++j) {
+          const int64_t at = ((r * kv_heads + j) * capacity + start) * d_k;
+          std::memcpy(K + at, row + (heads + j) * d_k, d_k * sizeof(float));
+          std::memcpy(V + at, row + (heads + kv_heads + j) * d_k, d_k * sizeof(float));
+        }
+      }
+#pragma omp for schedule(static)
+      for (int64_t pair = 0; pair < m * kv_heads; ++pair) {
         const int64_t r = pair / kv_heads, j = pair % kv_heads;
         const float* queries = qkv.data() + r * width + j * per * d_k;
         const float* k = K + (r * kv_heads + j) * capacity * d_k;
         const float* v = V + (r * kv_heads + j) * capacity * d_k;
         float* o = attended.data() + r * d + j * per * d_k;
-        attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data(), o);
+        attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data() + t * per * T, o);
       }
-    });
-    apply(l, 3, attended.data(), d, d, sublayer.data());
-    for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
-    rms_rows(X, m, d, p[5].data_ptr<float>(), float(eps), normed.data());
-    apply(l, 6, normed.data(), d, d_ff, gate.data());
-    apply(l, 8, normed.data(), d, d_ff, up.data());
-    for (int64_t i = 0; i < m * d_ff; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];  // SiLU(W1 h) ⊙ W3 h
-    apply(l, 10, gate.data(), d_ff, d, sublayer.data());
-    for (int64_t i = 0; i < m * d; ++i) X[i] += sublayer[i];
+      add(apply(l, 3, attended.data(), d, d, sublayer.data()));
+#pragma omp barrier
+      rms_rows(X, m, d, p[5].data_ptr<float>(), float(eps), own);
+      const auto [first, last] = apply(l, 6, own, d, d_ff, gate.data());
+      apply(l, 8, own, d, d_ff, up.data());  // the same share of W3's rows: the same outputs
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = r * d_ff + first; i < r * d_ff + last; ++i)
+          gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];  // SiLU(W1 h) ⊙ W3 h
+#pragma omp barrier
+      add(apply(l, 10, gate.data(), d_ff, d, sublayer.data()));
+#pragma omp barrier
+    }
+  };
+  if (threads == 1) {
+    part(0, 1);  // the same code without a parallel region, its barriers and single and for constructs orphaned
+  } else {
+#pragma omp parallel num_threads(threads)
+    part(omp_get_thread_num(), omp_get_num_threads());
   }
   return out;
 #else
