@@ -124,6 +124,34 @@ def test_the_kv_cache_writes_steps_into_room_and_keeps_what_cat_would():
     assert torch.equal(leaf.grad, torch.ones_like(leaf))
 
 
+def test_a_cache_written_by_the_whole_step_kernel_shows_what_it_wrote_when_read():
+    """nn/fused.py writes each layer's new key and value into ``KVCache.room`` and says ``written``:
+    k and v are views made when first read, showing every step written, with or without reads between."""
+    from atencion.nn.cache import KVCache
+
+    generator = torch.Generator().manual_seed(1)
+    expected = torch.randn(2, 3, 4, 8, generator=generator)
+    cache = KVCache()
+    cache.append(expected, -expected)
+    for step in range(70):  # past the first buffers' room for 64 keys: they grow once
+        new = torch.randn(2, 3, 1, 8, generator=generator)
+        end = len(cache) + 1
+        keys, values = cache.room(end)
+        keys[:, :, end - 1:end], values[:, :, end - 1:end] = new, -new  # as the kernel writes them
+        cache.written(end)
+        expected = torch.cat([expected, new], dim=2)
+        assert len(cache) == end == expected.size(2) and cache.rows == 2
+        if step % 9 == 0:
+            assert torch.equal(cache.k, expected) and torch.equal(cache.v, -expected)
+    new = torch.randn(2, 3, 1, 8, generator=generator)
+    k, v = cache.append(new, -new)  # the layer-by-layer path goes on from there
+    expected = torch.cat([expected, new], dim=2)
+    assert torch.equal(k, expected) and torch.equal(v, -expected)
+    cache.written(len(cache))
+    cache.k = torch.zeros(2, 3, 5, 8)  # one of the two set from outside: the other stays what was written
+    assert torch.equal(cache.v, -expected) and len(cache) == 5
+
+
 def test_decoder_state_reorder_selects_batch_rows():
     model = small_model()
     src, tgt = random_batch(model.cfg)

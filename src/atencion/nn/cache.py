@@ -36,13 +36,59 @@ class KVCache:
     rewinds = True  # whether ``truncate`` can forget the last keys (a cache that keeps all of them)
 
     def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
         self._room: tuple[Tensor, Tensor] | None = None  # buffers whose first keys are k and v
-        self._written: tuple[Tensor, Tensor] | None = None  # k and v as ``written`` left them
+        # set by ``written``: k and v are the buffers' first ``_held`` positions, views made when first read
+        # (a whole-step kernel writes every layer's cache at every step, and nothing may read them before
+        # the next: nn/fused.py)
+        self._held: int | None = None
+
+    @property
+    def k(self) -> Tensor | None:
+        if self._k is None and self._held is not None:
+            self._views()
+        return self._k
+
+    @k.setter
+    def k(self, value: Tensor | None) -> None:
+        self._let_go()
+        self._k = value
+
+    @property
+    def v(self) -> Tensor | None:
+        if self._v is None and self._held is not None:
+            self._views()
+        return self._v
+
+    @v.setter
+    def v(self, value: Tensor | None) -> None:
+        self._let_go()
+        self._v = value
+
+    def _views(self) -> None:
+        self._k, self._v = self._room[0].narrow(2, 0, self._held), self._room[1].narrow(2, 0, self._held)
+
+    def _let_go(self) -> None:
+        """k or v set from outside: the other one stays what the buffers hold, as a view of them."""
+        if self._held is not None:
+            if self._k is None:
+                self._views()
+            self._held = None
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
+        return self._kept()
+
+    def _kept(self) -> int:
+        """The positions whose keys it holds (a sliding window's cache counts every position seen in ``len``)."""
+        if self._held is not None:
+            return self._held
+        return 0 if self._k is None else self._k.size(2)
+
+    @property
+    def rows(self) -> int:
+        """The batch rows the cache holds keys for (it must hold some)."""
+        return (self._room[0] if self._held is not None else self._k).size(0)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k and v with the new keys and values after them. Outside autograd they are views of
@@ -57,7 +103,8 @@ class KVCache:
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
         else:
-            start, end = self.k.size(2), self.k.size(2) + k.size(2)
+            start = self._kept()
+            end = start + k.size(2)
             keys, values = self.room(end)
             keys[:, :, start:end], values[:, :, start:end] = k, v
             self.written(end)
@@ -67,8 +114,7 @@ class KVCache:
         """Buffers (batch, heads, capacity, d_k) whose first keys and values are k and v, with room
         up to position ``end``: the ones kept, or new ones (twice ``end``) holding a copy of them.
         The cache needs keys already (a first ``append``)."""
-        if self._written is not None and self._written[0] is self.k and self._written[1] is self.v \
-                and end <= self._room[0].size(2):  # untouched since the last step (a step's common case)
+        if self._held is not None and end <= self._room[0].size(2):  # as ``written`` left it: a step's common case
             return self._room
         if not (self._room is not None and self._holds(self._room[0], self.k, end)
                 and self._holds(self._room[1], self.v, end)):
@@ -80,8 +126,7 @@ class KVCache:
     def written(self, end: int) -> None:
         """The buffers' first ``end`` positions are the cache now: the new keys and values were
         written into :meth:`room` (by ``append``, or by the whole-step kernel of nn/fused.py)."""
-        self.k, self.v = self._room[0].narrow(2, 0, end), self._room[1].narrow(2, 0, end)
-        self._written = self.k, self.v
+        self._held, self._k, self._v = end, None, None
 
     @staticmethod
     def _holds(buffer: Tensor, kept: Tensor, end: int) -> bool:
@@ -101,7 +146,7 @@ class KVCache:
             shape = (len(index),) + self.k.shape[1:]
             self.k = self.k.reshape(self.k.size(0), -1).index_select(0, index).view(shape)
             self.v = self.v.reshape(self.v.size(0), -1).index_select(0, index).view(shape)
-            self._room = self._written = None  # the old rows' buffers: new ones at the next step
+            self._room = None  # the old rows' buffers: new ones at the next step
 
 
 class BeamKVCache(KVCache):

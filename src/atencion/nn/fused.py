@@ -109,8 +109,8 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
             or positions.rotary is None or not matvec.eager()):
         return None
     caches = state.self_caches
-    if not all(type(c) is KVCache and c.k is not None and c.k.size(0) == x.size(0) for c in caches):
-        return None
+    if not (all(type(c) is KVCache and len(c) for c in caches) and caches[0].rows == x.size(0)):
+        return None  # (a state's caches hold the same rows)
     rows = x.size(0)
     if state.fused is None or (state.fused and state.fused[0] != layout(rows)):  # once per decoding and layout:
         planned = plan(decoder, rows)                                            # the model does not change
