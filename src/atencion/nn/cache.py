@@ -39,9 +39,9 @@ class KVCache:
         self._k: Tensor | None = None
         self._v: Tensor | None = None
         self._room: tuple[Tensor, Tensor] | None = None  # buffers whose first keys are k and v
-        # set by ``written``: k and v are the buffers' first ``_held`` positions, views made when first read
-        # (a whole-step kernel writes every layer's cache at every step, and nothing may read them before
-        # the next: nn/fused.py)
+        # set by ``written``: k and v are the buffers' first ``_held`` positions, as views made when first
+        # read (nn/fused.py's one-call step writes every layer's cache at every step, and nothing reads
+        # them in between: 60 views a step for nothing at 30 layers)
         self._held: int | None = None
 
     @property
@@ -80,7 +80,7 @@ class KVCache:
         return self._kept()
 
     def _kept(self) -> int:
-        """The positions whose keys it holds (a sliding window's cache counts every position seen in ``len``)."""
+        """How many positions' keys it holds (``len`` of a sliding window's cache counts every position seen)."""
         if self._held is not None:
             return self._held
         return 0 if self._k is None else self._k.size(2)
