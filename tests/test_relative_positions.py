@@ -29,6 +29,27 @@ def test_rope_turns_queries_and_keys_as_gpt_neox_does():
     torch.testing.assert_close(terms.rotate(k), expected_k, atol=1e-5, rtol=1e-5)
 
 
+def test_rope_span_reads_the_angles_of_its_positions_from_a_table_grown_on_demand():
+    rope = RotaryPositions(16, 500.0)
+    for start, length in ((0, 5), (5, 1), (3, 4), (40, 7), (2, 100)):
+        cos, sin = rope.span(start, length)
+        expected_cos, expected_sin = rope.angles(torch.arange(start, start + length))
+        torch.testing.assert_close(cos, expected_cos)
+        torch.testing.assert_close(sin, expected_sin)
+        if (start, length) == (5, 1):
+            assert len(rope._table[0]) == 10  # twice the 5 positions the first span asked for
+    assert len(rope._table[0]) == 102
+
+
+def test_a_rope_table_made_in_inference_mode_serves_training_after_it():
+    rope = RotaryPositions(8)
+    with torch.inference_mode():  # generation grows the table first
+        rope.span(0, 6)
+    x = torch.randn(6, 8, requires_grad=True)
+    RelativeTerms(rotary=rope.span(0, 6)).rotate(x).sum().backward()  # saves cos and sin for backward
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
 def test_a_rope_score_depends_only_on_the_distance_between_query_and_key():
     rope = RotaryPositions(8)
     q, k = torch.randn(8), torch.randn(8)

@@ -149,12 +149,25 @@ class RotaryPositions(nn.Module):
         if scaling is not None:
             inv_freq = scaled_frequencies(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self._table: tuple[Tensor, Tensor] | None = None  # ``angles`` of positions 0, 1, …: ``span`` reads it
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, (length, d_k), for integer ``positions`` (length,)."""
         freqs = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
+
+    def span(self, start: int, length: int) -> tuple[Tensor, Tensor]:
+        """``angles`` of the positions start, …, start + length − 1: rows of a table of the positions
+        from 0, made again for twice as many when they pass its end. A stack's positions are such a
+        span, so a generation step reads its row instead of computing it (five tensor operations)."""
+        end, table = start + length, self._table  # (read once: another thread may grow it meanwhile)
+        if table is None or len(table[0]) < end or table[0].device != self.inv_freq.device:
+            grown = max(end, 2 * len(table[0])) if table is not None else end
+            with torch.inference_mode(False):  # made while generating, read by training after it
+                table = self._table = self.angles(torch.arange(grown, device=self.inv_freq.device))
+        cos, sin = table
+        return cos[start:end], sin[start:end]
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> None:
         return None

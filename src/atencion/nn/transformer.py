@@ -23,12 +23,13 @@ from .positional import RotaryPositions, TokenEmbedding, absolute_positions, rel
 from .prefix import places, visible_first
 
 
-def _relative_terms(relative: nn.Module | None, q_pos: Tensor, k_pos: Tensor, causal: bool,
-                    rotary_pos: Tensor) -> RelativeTerms:
-    """The relative-position terms of one stack's self-attention: queries at ``q_pos`` and keys
-    at ``k_pos`` in the layout of the scores, new tokens at ``rotary_pos`` (RoPE)."""
+def _relative_terms(relative: nn.Module | None, offset: int, length: int, q_pos: Tensor | None,
+                    k_pos: Tensor | None, causal: bool) -> RelativeTerms:
+    """The relative-position terms of one stack's self-attention: new tokens at offset, …,
+    offset + length − 1 (RoPE turns them), queries at ``q_pos`` and keys at ``k_pos`` in the layout
+    of the scores (what a score bias or a kind's pattern reads)."""
     if isinstance(relative, RotaryPositions):
-        return RelativeTerms(rotary=relative.angles(rotary_pos), q_pos=q_pos, k_pos=k_pos, causal=causal)
+        return RelativeTerms(rotary=relative.span(offset, length), q_pos=q_pos, k_pos=k_pos, causal=causal)
     return RelativeTerms(relative=relative, q_pos=q_pos, k_pos=k_pos, causal=causal)
 
 
@@ -91,7 +92,7 @@ class Encoder(nn.Module):
         positions = None
         if self.relative is not None or not self.full:  # bidirectional: every query sees every key
             where = torch.arange(offset, offset + x.size(1), device=x.device)
-            positions = _relative_terms(self.relative, where, where, False, where)
+            positions = _relative_terms(self.relative, offset, x.size(1), where, where, False)
         packing = None
         if pack and not need_weights and mask is not None and mask.shape[1:3] == (1, 1) and not mask.all():
             packing = Packing(mask[:, 0, 0, :].expand(x.shape[:2]))
@@ -148,11 +149,14 @@ class Decoder(nn.Module):
         x = self.dropout(x)
         positions = None
         if self.relative is not None or not self.full:
-            new = torch.arange(offset, offset + length, device=tgt_ids.device)
-            group = state.group if state is not None else 1
-            keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
-            # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
-            positions = _relative_terms(self.relative, new.repeat(group), keys.repeat_interleave(group), True, new)
+            q_pos = k_pos = None
+            if not (self.full and isinstance(self.relative, RotaryPositions)):  # (RoPE reads the new places alone)
+                new = torch.arange(offset, offset + length, device=tgt_ids.device)
+                group = state.group if state is not None else 1
+                keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
+                # a beam's rows share one cache: queries stacked by beam slot, keys interleaved by step
+                q_pos, k_pos = new.repeat(group), keys.repeat_interleave(group)
+            positions = _relative_terms(self.relative, offset, length, q_pos, k_pos, True)
         stepped = None if need_weights else fused.step(self, x, self_mask, state, positions)  # every layer in one call
         if stepped is not None:
             x, self_attn, cross_attn = stepped, [None] * len(self.layers), [None] * len(self.layers)
