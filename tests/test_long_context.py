@@ -16,6 +16,7 @@ from conftest import small_model
     ({"kind": "window", "window": 4}, "alibi", 4),      # ALiBi's bias reads the key positions themselves
     ({"kind": "performer", "features": 64}, "rope", 1),  # running sums: no key kept
     ({"kind": "full"}, "alibi", 60),                     # eq. (1) keeps every key: positions for all of them
+    ({"kind": "full"}, "rope", 0),                       # RoPE turns the new token only: no positions built
 ])
 def test_a_decoding_step_builds_positions_for_the_keys_its_cache_holds_and_gives_the_full_pass(
         monkeypatch, attention, positional, most_keys):
@@ -23,9 +24,9 @@ def test_a_decoding_step_builds_positions_for_the_keys_its_cache_holds_and_gives
     ids = torch.randint(4, model.cfg.vocab_size, (1, 60), generator=torch.Generator().manual_seed(0))
     key_positions = []
 
-    def recording(relative, q_pos, k_pos, causal, rotary_pos):
-        key_positions.append(k_pos.tolist())
-        return relative_terms(relative, q_pos, k_pos, causal, rotary_pos)
+    def recording(relative, offset, length, q_pos, k_pos, causal):
+        key_positions.append([] if k_pos is None else k_pos.tolist())
+        return relative_terms(relative, offset, length, q_pos, k_pos, causal)
 
     relative_terms = transformer._relative_terms
     monkeypatch.setattr(transformer, "_relative_terms", recording)
