@@ -39,6 +39,8 @@ def test_rope_span_reads_the_angles_of_its_positions_from_a_table_grown_on_deman
         if (start, length) == (5, 1):
             assert len(rope._table[0]) == 10  # twice the 5 positions the first span asked for
     assert len(rope._table[0]) == 102
+    rope.to(torch.float64)  # a model moved to another dtype makes its table again
+    assert rope.span(0, 3)[0].dtype == torch.float64
 
 
 def test_a_rope_table_made_in_inference_mode_serves_training_after_it():

@@ -162,7 +162,8 @@ class RotaryPositions(nn.Module):
         from 0, made again for twice as many when they pass its end. A stack's positions are such a
         span, so a generation step reads its row instead of computing it (five tensor operations)."""
         end, table = start + length, self._table  # (read once: another thread may grow it meanwhile)
-        if table is None or len(table[0]) < end or table[0].device != self.inv_freq.device:
+        if (table is None or len(table[0]) < end or table[0].device != self.inv_freq.device
+                or table[0].dtype != self.inv_freq.dtype):  # (the model moved or changed its dtype)
             grown = max(end, 2 * len(table[0])) if table is not None else end
             with torch.inference_mode(False):  # made while generating, read by training after it
                 table = self._table = self.angles(torch.arange(grown, device=self.inv_freq.device))
