@@ -4,10 +4,13 @@ exactly where it applies, and decoding with it equals decoding without it."""
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
+import sys
 import sysconfig
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +25,8 @@ from conftest import small_config
 def test_the_kernels_compile_for_every_instruction_set(arch):
     """Every branch of matvec.cpp compiles, whatever this machine's CPU builds for itself: AVX-512 with
     VNNI (int8 panels by vpdpbusd), AVX-512 without it (16-float vectors, AVX2's int8 products), and no
-    SIMD at all (the portable loops). Syntax and every template used (-fsyntax-only instantiates them):
-    none of these runs on a machine without the instructions."""
+    SIMD at all (the portable loops). Syntax and every template used (-fsyntax-only instantiates them);
+    the AVX-512 branches also run, emulated, in the next test."""
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("no C++ compiler, or not an x86-64 machine")
@@ -34,6 +37,34 @@ def test_the_kernels_compile_for_every_instruction_set(arch):
                              "-DTORCH_EXTENSION_NAME=atencion_matvec", *includes, str(matvec.SOURCE)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_the_avx512_kernels_run_emulated(tmp_path):
+    """The AVX-512 and VNNI branches run, on any x86-64 CPU: matvec.cpp built with SIMDe emulating those
+    instructions (tests/avx512_by_simde.h, through ATENCION_MATVEC_CFLAGS, in a build folder of its own),
+    and this file's and test_fused.py's kernel tests run against that build, none of them skipped for want
+    of an instruction. Slow (about a minute to compile, emulated vectors), and only where SIMDe is installed."""
+    if os.environ.get("ATENCION_MATVEC_CFLAGS"):
+        pytest.skip("this run is the emulated build's own")
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("no C++ compiler, or not an x86-64 machine")
+    header = Path(__file__).with_name("avx512_by_simde.h")
+    found = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-x", "c++", "-include", str(header), "-"],
+                           input="", capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.skip("SIMDe's headers are not installed (Debian's libsimde-dev): " + found.stderr.strip()[:200])
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+           "ATENCION_MATVEC_CFLAGS": f"-include {header}"}
+    tests = [str(Path(__file__)), str(Path(__file__).with_name("test_fused.py"))]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+                             "-k", "not every_instruction_set", *tests],
+                            env=env, capture_output=True, text=True, cwd=tmp_path)
+    report = result.stdout[-6000:] + result.stderr[-2000:]
+    assert result.returncode == 0, report
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 1 and "emulated build's own" in skipped[0], report  # this test, and nothing else
+    assert " passed" in result.stdout, report
 
 
 @pytest.fixture(scope="module")

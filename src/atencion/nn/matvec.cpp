@@ -428,7 +428,11 @@ torch::Tensor matmul_panels(const torch::Tensor& x, const torch::Tensor& panels,
 // acc += the byte products of u (unsigned) and s (signed), summed in fours, written in place: with the
 // intrinsic, gcc copies every accumulator to another register (and some to the stack) each step.
 static inline void dpbusd(__m512i& acc, __m512i u, __m512i s) {
+#ifdef SIMDE_VERSION  // emulated on a CPU without VNNI (tests/avx512_by_simde.h): the intrinsic, as SIMDe defines it
+  acc = _mm512_dpbusd_epi32(acc, u, s);
+#else
   asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [s] "v"(s));
+#endif
 }
 
 template <int M>

@@ -82,7 +82,8 @@ def kernel():
                 (log.info if built else log.warning)(
                     "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
                     "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
-                flags = ["-O3", "-march=native", "-fopenmp"]
+                # ATENCION_MATVEC_CFLAGS: more compiler flags (tests/test_matvec.py builds the AVX-512 branches so)
+                flags = ["-O3", "-march=native", "-fopenmp", *os.environ.get("ATENCION_MATVEC_CFLAGS", "").split()]
                 module = load("atencion_matvec", [str(SOURCE)],
                               extra_cflags=flags, extra_ldflags=["-fopenmp"])
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
