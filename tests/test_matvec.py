@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,8 @@ def test_the_avx512_kernels_run_emulated(tmp_path):
     of an instruction. Slow (about a minute to compile, emulated vectors), and only where SIMDe is installed."""
     if os.environ.get("ATENCION_MATVEC_CFLAGS"):
         pytest.skip("this run is the emulated build's own")
+    if os.environ.get("ATENCION_MATVEC", "1") == "0":
+        pytest.skip("ATENCION_MATVEC=0: the kernels are switched off")
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("no C++ compiler, or not an x86-64 machine")
@@ -55,7 +58,7 @@ def test_the_avx512_kernels_run_emulated(tmp_path):
     if found.returncode != 0:
         pytest.skip("SIMDe's headers are not installed (Debian's libsimde-dev): " + found.stderr.strip()[:200])
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
-           "ATENCION_MATVEC_CFLAGS": f"-include {header}"}
+           "ATENCION_MATVEC_CFLAGS": f"-include {shlex.quote(str(header))}"}
     tests = [str(Path(__file__)), str(Path(__file__).with_name("test_fused.py"))]
     result = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
                              "-k", "not every_instruction_set", *tests],

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def kernel():
                     "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
                     "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
                 # ATENCION_MATVEC_CFLAGS: more compiler flags (tests/test_matvec.py builds the AVX-512 branches so)
-                flags = ["-O3", "-march=native", "-fopenmp", *os.environ.get("ATENCION_MATVEC_CFLAGS", "").split()]
+                flags = ["-O3", "-march=native", "-fopenmp", *shlex.split(os.environ.get("ATENCION_MATVEC_CFLAGS", ""))]
                 module = load("atencion_matvec", [str(SOURCE)],
                               extra_cflags=flags, extra_ldflags=["-fopenmp"])
                 _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
