@@ -9,23 +9,26 @@
 
 // The intrinsics matvec.cpp uses that SIMDe 0.7.4 lacks, lane by lane as Intel's guide defines them. A
 // masked load reads no lane outside its mask (the kernels rely on it at the ends of rows).
-#define ATENCION_LANES(type, field, count, body)                                                   \
-  type##_private r_;                                                                                 \
-  for (int i_ = 0; i_ < count; ++i_) r_.field[i_] = body;                                            \
-  return type##_from_private(r_);
-
 static inline simde__m512 atencion_cvtepi32_ps(simde__m512i a) {
   const simde__m512i_private a_ = simde__m512i_to_private(a);
-  ATENCION_LANES(simde__m512, f32, 16, float(a_.i32[i_]))
+  simde__m512_private r;
+  for (int i = 0; i < 16; ++i) r.f32[i] = float(a_.i32[i]);
+  return simde__m512_from_private(r);
 }
 static inline simde__m512 atencion_maskz_loadu_ps(uint16_t k, const void* p) {
-  ATENCION_LANES(simde__m512, f32, 16, (k >> i_) & 1 ? static_cast<const float*>(p)[i_] : 0.f)
+  simde__m512_private r;
+  for (int i = 0; i < 16; ++i) r.f32[i] = (k >> i) & 1 ? static_cast<const float*>(p)[i] : 0.f;
+  return simde__m512_from_private(r);
 }
 static inline simde__m512i atencion_maskz_loadu_epi32(uint16_t k, const void* p) {
-  ATENCION_LANES(simde__m512i, i32, 16, (k >> i_) & 1 ? static_cast<const int32_t*>(p)[i_] : 0)
+  simde__m512i_private r;
+  for (int i = 0; i < 16; ++i) r.i32[i] = (k >> i) & 1 ? static_cast<const int32_t*>(p)[i] : 0;
+  return simde__m512i_from_private(r);
 }
 static inline simde__m512i atencion_maskz_loadu_epi8(uint64_t k, const void* p) {
-  ATENCION_LANES(simde__m512i, i8, 64, (k >> i_) & 1 ? static_cast<const int8_t*>(p)[i_] : int8_t(0))
+  simde__m512i_private r;
+  for (int i = 0; i < 64; ++i) r.i8[i] = (k >> i) & 1 ? static_cast<const int8_t*>(p)[i] : int8_t(0);
+  return simde__m512i_from_private(r);
 }
 static inline void atencion_mask_storeu_ps(void* p, uint16_t k, simde__m512 a) {
   const simde__m512_private a_ = simde__m512_to_private(a);

@@ -22,15 +22,21 @@ from atencion.nn.transformer import Transformer
 from conftest import small_config
 
 
+def x86_compiler() -> str:
+    """The C++ compiler that builds the kernels, on an x86-64 machine (their instruction sets are x86's); else skip."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("no C++ compiler, or not an x86-64 machine")
+    return compiler
+
+
 @pytest.mark.parametrize("arch", ["icelake-server", "skylake-avx512", "x86-64"])
 def test_the_kernels_compile_for_every_instruction_set(arch):
     """Every branch of matvec.cpp compiles, whatever this machine's CPU builds for itself: AVX-512 with
     VNNI (int8 panels by vpdpbusd), AVX-512 without it (16-float vectors, AVX2's int8 products), and no
     SIMD at all (the portable loops). Syntax and every template used (-fsyntax-only instantiates them);
     the AVX-512 branches also run, emulated, in the next test."""
-    compiler = shutil.which("c++") or shutil.which("g++")
-    if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("no C++ compiler, or not an x86-64 machine")
+    compiler = x86_compiler()
     from torch.utils.cpp_extension import include_paths
 
     includes = [f"-I{path}" for path in (*include_paths(), sysconfig.get_paths()["include"])]
@@ -49,9 +55,7 @@ def test_the_avx512_kernels_run_emulated(tmp_path):
         pytest.skip("this run is the emulated build's own")
     if os.environ.get("ATENCION_MATVEC", "1") == "0":
         pytest.skip("ATENCION_MATVEC=0: the kernels are switched off")
-    compiler = shutil.which("c++") or shutil.which("g++")
-    if compiler is None or platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("no C++ compiler, or not an x86-64 machine")
+    compiler = x86_compiler()
     header = Path(__file__).with_name("avx512_by_simde.h")
     found = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-x", "c++", "-include", str(header), "-"],
                            input="", capture_output=True, text=True)
