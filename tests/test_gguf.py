@@ -15,7 +15,7 @@ import torch
 from atencion.cli import main
 from atencion.data.tokenizer import Tokenizer
 from atencion.errors import AtencionError
-from atencion.export import export
+from atencion.export import export, export_model_dir
 from atencion.nn.model_dir import save_model_dir
 from conftest import small_model
 from test_training import WORDS
@@ -377,3 +377,162 @@ def test_llama_cpp_continues_greedily_as_atencion(tokenizers, lines, tmp_path):
             for _ in range(16):
                 ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
         assert theirs == ids[0, len(prompt):].tolist(), name
+
+
+# A Hugging Face directory's byte-level BPE, each way its pre_tokenizer can split text for llama.cpp:
+# (pre_tokenizer, the BPE model's ignore_merges, NFC normalizer)
+def byte_level_splits():
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pre
+
+    from atencion.export.gguf import LLAMA3_SPLIT, QWEN2_SPLIT
+
+    byte_level = pre.ByteLevel(add_prefix_space=False, use_regex=False)
+    return {"gpt-2": (pre.ByteLevel(add_prefix_space=False), False, False),
+            "smollm": (pre.Sequence([pre.Digits(individual_digits=True), pre.ByteLevel(add_prefix_space=False)]),
+                       False, False),
+            "llama-bpe": (pre.Sequence([pre.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level]), True, False),
+            "qwen2": (pre.Sequence([pre.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]), False, True)}
+
+
+# texts where the four ways of splitting part: digit runs, contractions, runs of spaces and line breaks
+PROBES = ["I've 12345 tomatoes, 3.14 and 2024 pears", "  two  spaces\n\n\tand  a tab", "WE'LL see it's 7:05",
+          "ñandú über 東京 😀", "3333333 333 33", "<think>who goes</think>", "(the) [the] \"the\" I'LL"]
+
+
+def hf_byte_level_dir(path, split: str, lines: list[str], bos: bool = False):
+    """A Hugging Face Llama directory (random weights, a vocabulary 3 ids larger than the tokenizer's)
+    with a byte-level BPE trained here, split as ``split``; its post-processor adds BOS with ``bos``."""
+    import transformers
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, processors, trainers
+    from tokenizers import pre_tokenizers as pre
+
+    pre_tokenizer, ignore_merges, nfc = byte_level_splits()[split]
+    backend = Backend(models.BPE(ignore_merges=ignore_merges))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizer, decoders.ByteLevel()
+    if nfc:
+        backend.normalizer = normalizers.NFC()
+    digits = [" ".join(str(random.Random(i).randrange(10 ** (i % 7 + 1))) for _ in range(4)) for i in range(200)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre.ByteLevel.alphabet())
+    backend.train_from_iterator(lines + digits + ["I've we'll it's WE'LL (the) [the] \"the\"  \n\n  "] * 20, trainer)
+    backend.add_tokens(["<think>", "</think>"])
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                               special_tokens=[("<|endoftext|>", 0)])
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "chat_template": "{{ messages[0]['content'] }}"}))
+    config = transformers.LlamaConfig(vocab_size=backend.get_vocab_size() + 3, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=128, bos_token_id=0, eos_token_id=0,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return backend
+
+
+@pytest.mark.parametrize("split", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
+def test_a_hugging_face_byte_level_bpe_goes_in_as_llama_cpps_gpt2_tokenizer(split, lines, tmp_path, capsys):
+    backend = hf_byte_level_dir(tmp_path / "hf", split, lines, bos=split == "llama-bpe")
+    assert main(["export", "--model", str(tmp_path / "hf"), "--format", "gguf", "--out", str(tmp_path / "out")]) == 0
+    _, keys = read(tmp_path / "out")
+    size = backend.get_vocab_size() + 3
+    added = {backend.token_to_id("<think>"), backend.token_to_id("</think>")}
+    merges = json.loads(backend.to_str())["model"]["merges"]
+    assert keys["tokenizer.ggml.model"] == "gpt2" and keys["tokenizer.ggml.pre"] == split
+    assert keys["tokenizer.ggml.tokens"] == [backend.id_to_token(i) or f"[PAD{i}]" for i in range(size)]
+    assert keys["tokenizer.ggml.token_type"] == [3 if i == 0 else 4 if i in added else 5 if i >= size - 3 else 1
+                                                 for i in range(size)]
+    assert keys["tokenizer.ggml.merges"] == [" ".join(m) for m in merges] and len(merges) > 40
+    assert keys["tokenizer.ggml.bos_token_id"] == keys["tokenizer.ggml.eos_token_id"] == 0
+    assert keys["tokenizer.ggml.add_bos_token"] is (split == "llama-bpe")
+    assert keys["tokenizer.ggml.add_eos_token"] is False
+    assert keys["tokenizer.chat_template"] == "{{ messages[0]['content'] }}"
+    assert "tokenizer.ggml.scores" not in keys and keys["llama.vocab_size"] == size
+
+
+@pytest.mark.parametrize("split", ["gpt-2", "llama-bpe", "qwen2"])
+def test_transformers_tokenizes_the_exported_byte_level_bpe_as_the_directory(split, lines, tmp_path):
+    """Hugging Face's GGUF reader (which knows these three splits by their names) gives the directory's
+    own ids (a wrong name, merge or added token would part them on the probes) and its model's logits."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    backend = hf_byte_level_dir(tmp_path / "hf", split, lines)
+    assert main(["export", "--model", str(tmp_path / "hf"), "--format", "gguf", "--out", str(tmp_path / "out")]) == 0
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "out", gguf_file="model.gguf")
+    for text in PROBES + lines[:10]:
+        assert theirs(text, add_special_tokens=False)["input_ids"] == backend.encode(text,
+                                                                                    add_special_tokens=False).ids
+    ids = torch.tensor([backend.encode(" ".join(PROBES)).ids])
+    with torch.no_grad():
+        want = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()(ids).logits
+        got = LlamaForCausalLM.from_pretrained(tmp_path / "out", gguf_file="model.gguf").eval()(ids).logits
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_gguf_export_refuses_a_tokenizer_json_llama_cpp_would_read_otherwise(lines, tmp_path, capsys):
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import processors
+
+    def both_ends(info):
+        backend = Backend.from_str(json.dumps(info))
+        think = backend.token_to_id("<think>")
+        backend.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A <think>", special_tokens=[("<|endoftext|>", 0), ("<think>", think)])
+        return json.loads(backend.to_str())
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    cases = {"metaspace": (lambda info: dict(info, pre_tokenizer={"type": "Metaspace", "replacement": "\u2581",
+                                                                  "prepend_scheme": "always", "split": True}),
+                           "a BPE model without a ByteLevel pre-tokenizer"),
+             "whitespace-split": (lambda info: dict(info, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                                      {"type": "WhitespaceSplit"}, byte_level]}),
+                                  "splits text in a way llama.cpp has no pre-tokenizer for"),
+             "prefix-space": (lambda info: dict(info, pre_tokenizer=dict(byte_level, add_prefix_space=True)),
+                              "splits text in a way llama.cpp has no pre-tokenizer for"),
+             "ignore-merges": (lambda info: dict(info, model=dict(info["model"], ignore_merges=True)),
+                               "model.ignore_merges True cannot be exported with this pre_tokenizer; llama.cpp's "
+                               "gpt-2 sets it False"),
+             "lowercase": (lambda info: dict(info, normalizer={"type": "Lowercase"}), "normalizer Lowercase"),
+             "both-ends": (both_ends, "llama.cpp adds at most BOS before a prompt and EOS after it")}
+    for name, (change, named) in cases.items():
+        directory = tmp_path / name
+        hf_byte_level_dir(directory, "gpt-2", lines)
+        info = json.loads((directory / "tokenizer.json").read_text())
+        (directory / "tokenizer.json").write_text(json.dumps(change(info)))
+        capsys.readouterr()  # (transformers' progress bar, writing the directory)
+        assert main(["export", "--model", str(directory), "--format", "gguf", "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert named in err and f"{directory / 'tokenizer.json'}" in err and len(err.splitlines()) == 1, (name, err)
+        assert not (tmp_path / "x").exists()
+
+
+def test_llama_cpp_tokenizes_and_continues_a_hugging_face_directory_as_atencion(lines, tmp_path):
+    """Opt-in (llama-cpp-python): llama.cpp, on the GGUF of a Hugging Face directory, cuts every probe
+    into the ids the directory's tokenizer.json gives, for each of the four splits, and continues a
+    prompt greedily as `atencion generate` does on the directory itself."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from atencion.nn.model_dir import load_model_dir
+
+    for split in ("gpt-2", "smollm", "llama-bpe", "qwen2"):
+        backend = hf_byte_level_dir(tmp_path / split, split, lines, bos=split == "llama-bpe")
+        export_model_dir(tmp_path / split, tmp_path / f"{split}.gguf", "gguf")
+        llm = llama_cpp.Llama(str(tmp_path / f"{split}.gguf" / "model.gguf"), n_ctx=64, n_threads=1, verbose=False)
+        for text in PROBES + lines[:10]:
+            ours = backend.encode(text).ids   # with BOS where the post-processor adds it
+            assert llm.tokenize(text.encode(), add_bos=split == "llama-bpe", special=True) == ours, (split, text)
+        model, tokenizer = load_model_dir(tmp_path / split)
+        prompt = backend.encode(lines[0]).ids
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            for _ in range(12):
+                ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        theirs = []
+        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
+            theirs.append(token)
+            if len(theirs) == 12:
+                break
+        assert theirs == ids[0, len(prompt):].tolist(), split

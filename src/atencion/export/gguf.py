@@ -25,13 +25,23 @@ The tokenizer goes into the metadata (``tokenizer.ggml.*``) as llama.cpp's Sente
 ``add_dummy_prefix`` as ``add_space_prefix``; a character vocabulary as single-character pieces
 (a space as ▁, which llama.cpp's tokenizer turns spaces into), score 0, no space prefix, so that
 each character is one token. No BOS or EOS is added to a prompt (atencion's language models
-continue the prompt's ids as they are). Refused in one line each: a unigram SentencePiece model
-(llama.cpp's tokenizer merges pairs by score, which is BPE's rule, so its ids would differ), a
-whitespace vocabulary, a missing tokenizer.
+continue the prompt's ids as they are). A Hugging Face directory's byte-level BPE (``tokenizer.json``:
+GPT-2's, SmolLM's, Llama 3's, Qwen2's) goes in as llama.cpp's ``gpt2`` tokenizer, as its converter
+writes it: the tokens by id (``[PAD{i}]`` where the model's vocabulary has an id the tokenizer lacks),
+their types (added special tokens CONTROL, other added tokens USER_DEFINED), the merges, the chat
+template, and ``tokenizer.ggml.pre``, the llama.cpp pre-tokenizer whose split of text is the one the
+file's ``pre_tokenizer`` describes (:data:`BYTE_LEVEL_SPLITS`; llama.cpp's converter finds it by
+hashing the ids of a test text, which only known vocabularies match); BOS and EOS are added to a
+prompt where its post-processor adds them, as atencion's ``generate`` reads such a prompt.
+Refused in one line each: a unigram SentencePiece model (llama.cpp's tokenizer merges pairs by
+score, which is BPE's rule, so its ids would differ), a whitespace vocabulary, a ``tokenizer.json``
+that is not byte-level BPE or splits text in a way llama.cpp has no pre-tokenizer for, a missing
+tokenizer.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -44,6 +54,7 @@ from ..interop.common import require
 
 FILE = "model.gguf"
 DTYPES = ("float32", "float16", "q8_0")
+PROBE = "a b"      # a text whose ids show what a post-processor adds around a prompt
 SPACE = "\u2581"   # ▁, SentencePiece's (and llama.cpp's) visible space
 WHO = "export to gguf"
 # llama.cpp's name of each layer's modules → atencion's (llama's q, k, v and norms are split or named apart)
@@ -51,6 +62,19 @@ GPT2_MODULES = {"attn_norm": "res_self.norm", "attn_qkv": "self_attn.in_proj", "
                 "ffn_norm": "res_ffn.norm", "ffn_up": "ffn.linear1", "ffn_down": "ffn.linear2"}
 LLAMA_MODULES = {"attn_output": "self_attn.out_proj", "ffn_gate": "ffn.linear1", "ffn_up": "ffn.linear3",
                  "ffn_down": "ffn.linear2"}
+# llama.cpp's pre-tokenizer (tokenizer.ggml.pre) → how a tokenizer.json splits text for it: its
+# pre_tokenizer steps, as (type, setting, ...) from the file, and the BPE model's ignore_merges, which
+# llama.cpp sets by the pre-tokenizer (a whole word found in the vocabulary is one token)
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+BYTE_LEVEL_SPLITS = {
+    "gpt-2": ((("ByteLevel", False, True),), False),
+    "smollm": ((("Digits", True), ("ByteLevel", False, True)), False),
+    "llama-bpe": ((("Split", LLAMA3_SPLIT, "Isolated", False), ("ByteLevel", False, False)), True),
+    "qwen2": ((("Split", QWEN2_SPLIT, "Isolated", False), ("ByteLevel", False, False)), False),
+}
 
 
 def gguf_arch(cfg) -> str:
@@ -93,6 +117,13 @@ def check_tokenizer(tokenizer) -> None:
         if SPACE in tokenizer.src.pieces:
             raise AtencionError(f"{WHO}: the character vocabulary holds {SPACE!r}, which llama.cpp reads as a space")
         return
+    if tokenizer.kind == "huggingface":
+        byte_level_pre(tokenizer)
+        prompt_specials(tokenizer)
+        return
+    if tokenizer.kind != "sentencepiece":
+        raise AtencionError(f"{WHO}: a {tokenizer.kind} tokenizer cannot be exported; llama.cpp reads SentencePiece "
+                            f"BPE, byte-level BPE (tokenizer.json) and character vocabularies")
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.src.serialized_model_proto())
@@ -108,10 +139,71 @@ def check_gguf(cfg, tokenizer, dtype: str) -> str:
         raise AtencionError(f"--dtype {dtype!r}: GGUF export writes {', '.join(DTYPES)}")
     arch = gguf_arch(cfg)
     check_tokenizer(tokenizer)
-    if tokenizer.vocab_size != cfg.vocab_size:
+    if tokenizer.kind == "huggingface":  # a model's vocabulary may be padded past its tokenizer's ids
+        size = max(tokenizer.src.backend.get_vocab(with_added_tokens=True).values()) + 1
+        if size > cfg.vocab_size:
+            raise AtencionError(f"{WHO}: tokenizer.json has ids up to {size - 1} but the model's vocabulary "
+                                f"{cfg.vocab_size} entries")
+    elif tokenizer.vocab_size != cfg.vocab_size:
         raise AtencionError(f"{WHO}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                             f"{cfg.vocab_size}")
     return arch
+
+
+def _split_steps(pre_tokenizer) -> tuple | None:
+    """A tokenizer.json ``pre_tokenizer`` as the (type, setting, ...) steps of :data:`BYTE_LEVEL_SPLITS`."""
+    steps = pre_tokenizer.get("pretokenizers") if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]
+    out = []
+    for step in steps if isinstance(steps, list) else ():
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "ByteLevel":
+            out.append((kind, step.get("add_prefix_space", True), step.get("use_regex", True)))
+        elif kind == "Digits":
+            out.append((kind, step.get("individual_digits", False)))
+        elif kind == "Split" and isinstance(step.get("pattern"), dict) and "Regex" in step["pattern"]:
+            out.append((kind, step["pattern"]["Regex"], step.get("behavior"), step.get("invert", False)))
+        else:
+            return None
+    return tuple(out)
+
+
+def prompt_specials(tokenizer) -> tuple[bool, bool]:
+    """Whether a Hugging Face tokenizer's post-processor puts BOS before a prompt and EOS after it (as
+    `generate` reads a prompt: tasks/lm.py's ``prompt_ids``), or an AtencionError if it adds other ids."""
+    backend, specials = tokenizer.src.backend, tokenizer.specials
+    plain, around = backend.encode(PROBE, add_special_tokens=False).ids, backend.encode(PROBE).ids
+    start = next((i for i in range(len(around)) if around[i:i + len(plain)] == plain), None)
+    before, after = ([], []) if start is None else (around[:start], around[start + len(plain):])
+    if start is None or before not in ([], [specials.bos]) or after not in ([], [specials.eos]):
+        raise AtencionError(f"{WHO}: {tokenizer.src.directory / 'tokenizer.json'}: its post_processor puts "
+                            f"{around} around {plain}; llama.cpp adds at most BOS before a prompt and EOS after it")
+    return bool(before), bool(after)
+
+
+def byte_level_pre(tokenizer) -> str:
+    """llama.cpp's pre-tokenizer for a Hugging Face ``tokenizer.json``, or an AtencionError in one line
+    saying what llama.cpp could not read as the file does."""
+    where = f"{WHO}: {tokenizer.src.directory / 'tokenizer.json'}"
+    info = json.loads(tokenizer.src.files["tokenizer.json"])
+    model, pre, normalizer = info.get("model") or {}, info.get("pre_tokenizer") or {}, info.get("normalizer")
+    byte_level = model.get("type") == "BPE" and "ByteLevel" in json.dumps(pre)
+    if not byte_level or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
+            or model.get("end_of_word_suffix") or model.get("dropout"):
+        raise AtencionError(f"{where}: a {model.get('type')} model without a ByteLevel pre-tokenizer (or with "
+                            f"byte fallback, subword marks or dropout) cannot be exported; llama.cpp's gpt2 tokenizer "
+                            f"reads byte-level BPE (GPT-2, SmolLM, Llama 3, Qwen2)")
+    if normalizer is not None and normalizer.get("type") != "NFC":   # NFC: Qwen2's, which llama.cpp's converter keeps
+        raise AtencionError(f"{where}: normalizer {normalizer.get('type')} cannot be exported; llama.cpp's gpt2 "
+                            f"tokenizer does not normalize text")
+    steps = _split_steps(pre)
+    for name, (split, ignore_merges) in BYTE_LEVEL_SPLITS.items():
+        if steps == split:
+            if bool(model.get("ignore_merges", False)) != ignore_merges:
+                raise AtencionError(f"{where}: model.ignore_merges {bool(model.get('ignore_merges'))} cannot be "
+                                    f"exported with this pre_tokenizer; llama.cpp's {name} sets it {ignore_merges}")
+            return name
+    raise AtencionError(f"{where}: pre_tokenizer {json.dumps(pre)[:200]} splits text in a way llama.cpp has no "
+                        f"pre-tokenizer for here; exported: GPT-2's, SmolLM's, Llama 3's and Qwen2's")
 
 
 def interleave_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -219,6 +311,9 @@ def _metadata(writer, model, arch: str, tokenizer, file_type: int) -> None:
         if cfg.rope_scaling is not None and cfg.rope_scaling["type"] == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
+    if tokenizer.kind == "huggingface":
+        _byte_level_keys(writer, tokenizer, cfg.vocab_size)
+        return
     pieces, scores, types, space_prefix = _vocabulary(tokenizer)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
@@ -232,6 +327,33 @@ def _metadata(writer, model, arch: str, tokenizer, file_type: int) -> None:
     writer.add_pad_token_id(cfg.pad_id)
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
+
+
+def _byte_level_keys(writer, tokenizer, size: int) -> None:
+    """A Hugging Face byte-level BPE as llama.cpp's converter writes it (``_set_vocab_gpt2``): the
+    module's text says what."""
+    from gguf import TokenType
+
+    backend, specials = tokenizer.src.backend, tokenizer.specials
+    by_id = {i: token for token, i in backend.get_vocab(with_added_tokens=True).items()}
+    added = backend.get_added_tokens_decoder()
+    types = [TokenType.UNUSED if i not in by_id else TokenType.NORMAL if i not in added
+             else TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED for i in range(size)]
+    merges = json.loads(tokenizer.src.files["tokenizer.json"])["model"].get("merges", [])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(byte_level_pre(tokenizer))
+    writer.add_token_list([by_id.get(i, f"[PAD{i}]") for i in range(size)])
+    writer.add_token_types([int(t) for t in types])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    for add, value in ((writer.add_bos_token_id, specials.bos), (writer.add_eos_token_id, specials.eos),
+                       (writer.add_unk_token_id, specials.unk), (writer.add_pad_token_id, specials.pad)):
+        if value is not None:
+            add(value)
+    add_bos, add_eos = prompt_specials(tokenizer)
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(add_eos)
+    if tokenizer.chat_template is not None:
+        writer.add_chat_template(tokenizer.chat_template)
 
 
 def _stored(name: str, value: torch.Tensor, dtype: str):
