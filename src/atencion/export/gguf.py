@@ -121,9 +121,6 @@ def check_tokenizer(tokenizer) -> None:
         byte_level_pre(tokenizer)
         prompt_specials(tokenizer)
         return
-    if tokenizer.kind != "sentencepiece":
-        raise AtencionError(f"{WHO}: a {tokenizer.kind} tokenizer cannot be exported; llama.cpp reads SentencePiece "
-                            f"BPE, byte-level BPE (tokenizer.json) and character vocabularies")
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.src.serialized_model_proto())
