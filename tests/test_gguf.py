@@ -380,19 +380,21 @@ def test_llama_cpp_continues_greedily_as_atencion(tokenizers, lines, tmp_path):
 
 
 # A Hugging Face directory's byte-level BPE, each way its pre_tokenizer can split text for llama.cpp:
-# (pre_tokenizer, the BPE model's ignore_merges, NFC normalizer)
+# (pre_tokenizer, the BPE model's ignore_merges, NFC normalizer), the regexes as Llama 3's and Qwen2's
+# tokenizer.json spell them
 def byte_level_splits():
     from tokenizers import Regex
     from tokenizers import pre_tokenizers as pre
 
-    from atencion.export.gguf import LLAMA3_SPLIT, QWEN2_SPLIT
-
+    words = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+    rest = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     byte_level = pre.ByteLevel(add_prefix_space=False, use_regex=False)
     return {"gpt-2": (pre.ByteLevel(add_prefix_space=False), False, False),
             "smollm": (pre.Sequence([pre.Digits(individual_digits=True), pre.ByteLevel(add_prefix_space=False)]),
                        False, False),
-            "llama-bpe": (pre.Sequence([pre.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level]), True, False),
-            "qwen2": (pre.Sequence([pre.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]), False, True)}
+            "llama-bpe": (pre.Sequence([pre.Split(Regex(words + r"\p{N}{1,3}" + rest), "isolated"), byte_level]),
+                          True, False),
+            "qwen2": (pre.Sequence([pre.Split(Regex(words + r"\p{N}" + rest), "isolated"), byte_level]), False, True)}
 
 
 # texts where the four ways of splitting part: digit runs, contractions, runs of spaces and line breaks
