@@ -366,17 +366,22 @@ def test_llama_cpp_continues_greedily_as_atencion(tokenizers, lines, tmp_path):
         model = model_for(name, tokenizer)
         export(model, tmp_path / name, "gguf", tokenizer)
         llm = llama_cpp.Llama(str(tmp_path / name / "model.gguf"), n_ctx=64, n_threads=1, verbose=False)
-        prompt = tokenizer.encode(lines[0][:12])
-        theirs = []
-        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
-            theirs.append(token)
-            if len(theirs) == 16:
-                break
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            for _ in range(16):
-                ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
-        assert theirs == ids[0, len(prompt):].tolist(), name
+        ours, theirs = greedy_continuations(model, llm, tokenizer.encode(lines[0][:12]), 16)
+        assert theirs == ours, name
+
+
+def greedy_continuations(model, llm, prompt: list[int], count: int) -> tuple[list[int], list[int]]:
+    """The ``count`` greedy tokens after ``prompt`` of atencion's ``model`` (full passes) and of llama.cpp's ``llm``."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(count):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    theirs = []
+    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
+        theirs.append(token)
+        if len(theirs) == count:
+            break
+    return ids[0, len(prompt):].tolist(), theirs
 
 
 # A Hugging Face directory's byte-level BPE, each way its pre_tokenizer can split text for llama.cpp:
@@ -437,7 +442,7 @@ def hf_byte_level_dir(path, split: str, lines: list[str], bos: bool = False):
 
 
 @pytest.mark.parametrize("split", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
-def test_a_hugging_face_byte_level_bpe_goes_in_as_llama_cpps_gpt2_tokenizer(split, lines, tmp_path, capsys):
+def test_a_hugging_face_byte_level_bpe_goes_in_as_llama_cpps_gpt2_tokenizer(split, lines, tmp_path):
     backend = hf_byte_level_dir(tmp_path / "hf", split, lines, bos=split == "llama-bpe")
     assert main(["export", "--model", str(tmp_path / "hf"), "--format", "gguf", "--out", str(tmp_path / "out")]) == 0
     _, keys = read(tmp_path / "out")
@@ -526,15 +531,6 @@ def test_llama_cpp_tokenizes_and_continues_a_hugging_face_directory_as_atencion(
         for text in PROBES + lines[:10]:
             ours = backend.encode(text).ids   # with BOS where the post-processor adds it
             assert llm.tokenize(text.encode(), add_bos=split == "llama-bpe", special=True) == ours, (split, text)
-        model, tokenizer = load_model_dir(tmp_path / split)
-        prompt = backend.encode(lines[0]).ids
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            for _ in range(12):
-                ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
-        theirs = []
-        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
-            theirs.append(token)
-            if len(theirs) == 12:
-                break
-        assert theirs == ids[0, len(prompt):].tolist(), split
+        model, _ = load_model_dir(tmp_path / split)
+        ours, theirs = greedy_continuations(model, llm, backend.encode(lines[0]).ids, 12)
+        assert theirs == ours, split

@@ -118,7 +118,7 @@ def check_tokenizer(tokenizer) -> None:
             raise AtencionError(f"{WHO}: the character vocabulary holds {SPACE!r}, which llama.cpp reads as a space")
         return
     if tokenizer.kind == "huggingface":
-        byte_level_pre(tokenizer)
+        byte_level_pre(tokenizer, json.loads(tokenizer.src.files["tokenizer.json"]))
         prompt_specials(tokenizer)
         return
     from sentencepiece import sentencepiece_model_pb2
@@ -177,11 +177,10 @@ def prompt_specials(tokenizer) -> tuple[bool, bool]:
     return bool(before), bool(after)
 
 
-def byte_level_pre(tokenizer) -> str:
-    """llama.cpp's pre-tokenizer for a Hugging Face ``tokenizer.json``, or an AtencionError in one line
-    saying what llama.cpp could not read as the file does."""
+def byte_level_pre(tokenizer, info: dict) -> str:
+    """llama.cpp's pre-tokenizer for a Hugging Face tokenizer (``info``: its ``tokenizer.json`` parsed),
+    or an AtencionError in one line saying what llama.cpp could not read as the file does."""
     where = f"{WHO}: {tokenizer.src.directory / 'tokenizer.json'}"
-    info = json.loads(tokenizer.src.files["tokenizer.json"])
     model, pre, normalizer = info.get("model") or {}, info.get("pre_tokenizer") or {}, info.get("normalizer")
     byte_level = model.get("type") == "BPE" and "ByteLevel" in json.dumps(pre)
     if not byte_level or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
@@ -336,9 +335,10 @@ def _byte_level_keys(writer, tokenizer, size: int) -> None:
     added = backend.get_added_tokens_decoder()
     types = [TokenType.UNUSED if i not in by_id else TokenType.NORMAL if i not in added
              else TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED for i in range(size)]
-    merges = json.loads(tokenizer.src.files["tokenizer.json"])["model"].get("merges", [])
+    info = json.loads(tokenizer.src.files["tokenizer.json"])
+    merges = info["model"].get("merges", [])
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(byte_level_pre(tokenizer))
+    writer.add_tokenizer_pre(byte_level_pre(tokenizer, info))
     writer.add_token_list([by_id.get(i, f"[PAD{i}]") for i in range(size)])
     writer.add_token_types([int(t) for t in types])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
