@@ -8,7 +8,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import struct
 import tarfile
+import time
+import tracemalloc
 import wave
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from atencion.data.audio import (
     SAMPLE_RATE,
     decode_wav,
     hz_to_mel,
+    load_audio,
     load_features,
     log_mel,
     mel_filters,
@@ -124,6 +128,114 @@ def test_a_recording_too_short_for_one_frame_is_refused_naming_it(tmp_path):
     path.write_bytes(wav_bytes(np.ones(50, np.int64) * 1000))  # 100 samples at 16 kHz
     with pytest.raises(AtencionError, match=r"click\.wav: 100 samples .* too short"):
         load_features(path)
+
+
+
+def raw_wav(channels: int = 1, rate: int = 8000, bits: int = 16, samples: bytes = bytes(200), tag: int = 1,
+            fmt_size: int | None = None, data_size: int | None = None, before_fmt: bytes = b"") -> bytes:
+    """A WAV file written field by field, so that any field can lie: ``fmt_size`` and ``data_size``
+    replace the chunks' true sizes, ``before_fmt`` is put between the RIFF header and the fmt chunk."""
+    width = (bits + 7) // 8
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * channels * width % 2 ** 32, channels * width % 2 ** 16,
+                      bits)
+    body = (b"WAVE" + before_fmt + b"fmt " + struct.pack("<I", len(fmt) if fmt_size is None else fmt_size) + fmt
+            + b"data" + struct.pack("<I", len(samples) if data_size is None else data_size) + samples)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+ONE_HZ = raw_wav(rate=1, samples=bytes(16_000))  # 8,000 samples: 2 h 13 min, 128 million samples at 16 kHz
+
+
+@pytest.mark.parametrize("content, says", [
+    (raw_wav(fmt_size=0xFFFF_FFFF), "not a readable PCM WAV file (its fmt chunk says 4294967295 bytes"),
+    (raw_wav(fmt_size=12), "not a readable PCM WAV file (its fmt chunk says 12 bytes; expected at least 16)"),
+    (raw_wav(data_size=0xFFFF_FFF0), "truncated: the header announces 2147483640 frames, the file holds 100"),
+    (raw_wav(channels=0), "0 channels; expected 1 to 256"),
+    (raw_wav(channels=65_535), "65535 channels; expected 1 to 256"),
+    (raw_wav(rate=0), "a sample rate of 0 Hz; expected 1,000 to 384,000 Hz"),
+    (ONE_HZ, "a sample rate of 1 Hz; expected 1,000 to 384,000 Hz"),
+    (raw_wav(rate=4_000_000_000), "a sample rate of 4,000,000,000 Hz; expected 1,000 to 384,000 Hz"),
+    (raw_wav(rate=96_001), "a sample rate of 96,001 Hz goes to 16,000 Hz only through a filter of 1,920,021 taps"),
+    (raw_wav(bits=40, samples=bytes(200)), "40-bit samples; expected 8-, 16-, 24- or 32-bit PCM"),
+    (raw_wav(bits=0), "0-bit samples; expected 8-, 16-, 24- or 32-bit PCM"),
+    (raw_wav(tag=3), "not a readable PCM WAV file (format 3, IEEE float; expected format 1, integer PCM)"),
+    (raw_wav(before_fmt=b"LIST" + struct.pack("<I", 0xFFFF_FFFF)), "not a readable PCM WAV file (it ends before "
+                                                                   "its fmt chunk)"),
+    (b"RIFF\x00\x00\x00\x00WAVEdata\x04\x00\x00\x00\x00\x00\x00\x00", "not a readable PCM WAV file (its data chunk "
+                                                                      "comes before its fmt chunk)"),
+])
+def test_a_malformed_wav_header_is_refused_in_one_line_fast_and_small(tmp_path, content, says):
+    path = tmp_path / "odd.wav"
+    path.write_bytes(content)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(AtencionError) as err:
+            load_features(path, where=f"train.tsv line 3: {path}")
+        seconds, (_, peak) = time.perf_counter() - start, tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(err.value)
+    assert message.startswith(f"train.tsv line 3: {path}: ") and says in message and "\n" not in message, message
+    assert seconds < 0.5 and peak < 2 * len(content) + (1 << 20)  # the header read, not the samples
+
+
+def test_the_one_hz_recording_of_the_issue_is_refused_by_read_wav_and_decode_wav_alike(tmp_path):
+    (tmp_path / "slow.wav").write_bytes(ONE_HZ)
+    for read in (lambda: read_wav(tmp_path / "slow.wav"), lambda: decode_wav(ONE_HZ, "slow.wav")):
+        with pytest.raises(AtencionError, match=r"slow\.wav: a sample rate of 1 Hz; expected 1,000 to 384,000 Hz"):
+            read()
+
+
+@pytest.mark.parametrize("rate", [1_000, 5_512, 44_056, 44_099, 47_999, 88_200, 352_800, 384_000])
+def test_every_rate_in_range_with_a_bounded_filter_is_read_and_resampled_as_scipy_does(tmp_path, rate):
+    signal = pytest.importorskip("scipy.signal", reason="scipy is not installed (scikit-learn and librosa bring it)")
+    ints = np.random.default_rng(rate).integers(-20_000, 20_000, rate // 10)
+    path = tmp_path / "x.wav"
+    path.write_bytes(raw_wav(rate=rate, samples=ints.astype("<i2").tobytes()))
+    samples, got_rate = read_wav(path)
+    assert got_rate == rate
+    g = math.gcd(rate, SAMPLE_RATE)
+    expected = signal.resample_poly(samples.astype(np.float64), SAMPLE_RATE // g, rate // g)
+    np.testing.assert_allclose(resample(samples, rate), expected, atol=1e-6)
+
+
+def test_resampling_from_the_highest_rate_works_in_bounded_memory():
+    """384 kHz to 16 kHz: 481 taps meet each output sample; the products are summed a bounded
+    number of outputs at a time, not 65,536 at once (250 MB for each of five arrays)."""
+    x = np.random.default_rng(0).standard_normal(384_000)  # one second
+    tracemalloc.start()
+    try:
+        out = resample(x, 384_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.shape == (16_000,) and peak < 64 << 20
+
+
+def test_a_rate_whose_filter_would_be_huge_is_refused_by_resample_itself():
+    with pytest.raises(AtencionError, match=r"resampling 383,999 Hz to 16,000 Hz needs a filter of 7,679,981 taps "
+                                            r"\(16,000/383,999 in lowest terms\); at most 960,001 are built"):
+        resample(np.zeros(10), 383_999)
+
+
+def test_a_recording_longer_than_max_frames_is_refused_from_its_header_before_its_samples_are_read(tmp_path,
+                                                                                                     monkeypatch):
+    path = tmp_path / "long.wav"
+    path.write_bytes(wav_bytes(np.zeros(8_000, np.int64), 8000))  # 1 s: 16,000 samples at 16 kHz, 100 frames
+    assert load_features(path, max_frames=100).shape == (80, 100)
+
+    def read(*args, **kwargs):
+        raise AssertionError("the samples were read")
+
+    import atencion.data.audio as audio
+
+    monkeypatch.setattr(audio, "_pcm_to_float", read)
+    monkeypatch.setattr(audio, "resample", read)
+    with pytest.raises(AtencionError, match=r"long\.wav: 100 frames \(1\.00 s\), more than inputs\.max_frames=99"):
+        load_features(path, max_frames=99)
+    with pytest.raises(AtencionError, match=r"long\.wav: 100 frames \(1\.00 s\), more than inputs\.max_frames=50"):
+        load_audio(path, max_frames=50)
 
 
 # resampling -------------------------------------------------------------------------------------

@@ -5,7 +5,12 @@ one line naming the file, with nothing written."""
 
 import io
 import json
+import struct
 import sys
+import time
+import warnings
+import zlib
+from functools import cache
 
 import numpy as np
 import pytest
@@ -105,6 +110,214 @@ def test_a_bad_array_is_refused_without_unpickling_it(tmp_path):
     with pytest.raises(AtencionError, match=r"rgb.npy: an array of shape \(3, 3, 4\); this model reads \(height, "
                                             r"width\) or \(1, height, width\)"):
         read_image(tmp_path / "rgb.npy", 1, [3, 4])
+
+
+
+# hostile and unusual pictures (issue #52, class 3) -------------------------------------------------
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+@cache
+def blank_png(width: int, height: int) -> bytes:
+    """A valid 1-bit PNG of zeros, ``width`` × ``height``, a few KB even at 20,000 × 20,000 (a
+    decompression bomb: 400 million pixels from 48 KB), its rows deflated one by one."""
+    deflate = zlib.compressobj(9)
+    row = bytes(1 + (width + 7) // 8)  # filter byte 0, then the bits
+    data = b"".join(deflate.compress(row) for _ in range(height)) + deflate.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", data) + _chunk(b"IEND", b"")
+
+
+def _gif_claiming(width: int, height: int) -> bytes:
+    """A GIF whose screen and first image say ``width`` × ``height``, with one byte of pixels."""
+    size = struct.pack("<HH", width, height)
+    return (b"GIF89a" + size + b"\x80\x00\x00" + b"\x00\x00\x00\xff\xff\xff" + b"," + b"\x00\x00\x00\x00" + size
+            + b"\x00" + b"\x02\x02\x44\x01\x00" + b";")
+
+
+def _bmp_claiming(width: int, height: int) -> bytes:
+    """An 8-bit grey BMP header saying ``width`` × ``height``, followed by a few bytes of pixels."""
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256))
+    offset = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 0, 0, 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", offset + 16, 0, 0, offset) + info + palette + bytes(16)
+
+
+def _tiff_claiming(width: int, height: int) -> bytes:
+    """An 8-bit grey TIFF whose tags say ``width`` × ``height``, with 16 bytes of pixels."""
+    tags = [(256, 4, width), (257, 4, height), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8 + 2 + 10 * 12 + 4),
+            (277, 3, 1), (278, 4, height), (279, 4, 16), (284, 3, 1)]
+    ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", tag, kind, 1, value) if kind == 4 else
+                                                 struct.pack("<HHIHH", tag, kind, 1, value, 0)
+                                                 for tag, kind, value in tags) + struct.pack("<I", 0)
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + bytes(16)
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Pillow's decoding (``ImageFile.load``) and conversion made to fail the test: what is read
+    under it is judged from its header alone."""
+    from PIL import Image, ImageFile
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("the pixels were decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decoded)
+    monkeypatch.setattr(Image.Image, "convert", decoded)
+
+
+@pytest.mark.parametrize("name, make, says", [
+    ("bomb.png", lambda: blank_png(20_000, 20_000), "an image of 400,000,000 pixels"),
+    ("between.png", lambda: blank_png(12_000, 12_000), "an image of 144,000,000 pixels"),  # Pillow only warns
+    ("large.png", lambda: blank_png(9_000, 9_000), "an image of 9000 × 9000 pixels"),  # under Pillow's limit
+    ("screen.gif", lambda: _gif_claiming(65_535, 65_535), "an image of 4,294,836,225 pixels"),
+    ("wide.bmp", lambda: _bmp_claiming(30_000, 30_000), "an image of 900,000,000 pixels"),
+    ("tall.tif", lambda: _tiff_claiming(5_000, 9_000), "an image of 9000 × 5000 pixels"),
+])
+def test_a_picture_of_huge_dimensions_is_refused_in_one_line_from_its_header(tmp_path, no_decoding, name, make, says):
+    path = tmp_path / name
+    path.write_bytes(make())
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(AtencionError) as err:
+        warnings.simplefilter("always")
+        read_image(path, 1, [4, 4])
+    message = str(err.value)
+    assert message.startswith(f"{path}: {says}") and "this model reads 4 × 4 (model.inputs.size)" in message
+    assert "\n" not in message and not caught  # no DecompressionBombWarning printed either
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("suffix", [".png", ".gif", ".bmp", ".tif", ".jpg", ".webp", ".ppm"])
+def test_a_picture_of_the_wrong_size_is_refused_without_decoding_it(tmp_path, suffix):
+    path = _png(tmp_path / f"x{suffix}", np.full((5, 4), 200, np.uint8), "L")
+    from PIL import Image, ImageFile
+
+    calls = []
+    real_load = ImageFile.ImageFile.load
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ImageFile.ImageFile, "load", lambda self: calls.append(self) or real_load(self))
+        patch.setattr(Image.Image, "convert", lambda self, *a, **k: calls.append(self))
+        with pytest.raises(AtencionError, match=rf"x\{suffix}: an image of 5 × 4 pixels .height × width.; this model "
+                                                r"reads 3 × 4"):
+            read_image(path, 1, [3, 4])
+    assert calls == []
+    assert read_image(path, 1, [5, 4]).shape == (1, 5, 4)  # the same file, of the right size, is read
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    """The header of an NPY file (format 1.0) for an array of ``shape``, without its data."""
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+    header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header
+
+
+@pytest.mark.parametrize("shape, says", [
+    ((100_000, 100_000), "an image of 100000 × 100000 pixels"),
+    ((1, 3, 100_000_000_000), "an image of 3 × 100000000000 pixels"),
+    ((3, 3, 4), r"an array of shape \(3, 3, 4\); this model reads \(height, width\) or \(1, height, width\)"),
+])
+def test_an_npy_array_of_the_wrong_shape_is_refused_from_its_header_before_its_data_is_read(tmp_path, monkeypatch,
+                                                                                             shape, says):
+    path = tmp_path / "x.npy"
+    path.write_bytes(_npy_header(shape) + bytes(800))  # the header claims far more than the file holds
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the array's data was read")
+
+    monkeypatch.setattr(np, "load", loaded)
+    monkeypatch.setattr(np, "fromfile", loaded)
+    with pytest.raises(AtencionError, match=f"x.npy: {says}"):
+        read_image(path, 1, [3, 4])
+
+
+def test_an_npy_array_shorter_than_its_header_says_is_refused_naming_it(tmp_path):
+    path = tmp_path / "short.npy"
+    path.write_bytes(_npy_header((3, 4)) + bytes(8 * 11))  # eleven of twelve pixels
+    with pytest.raises(AtencionError, match=r"short.npy: not a readable NPY array \(truncated: the header says "
+                                            r"96 bytes of pixels, the file holds 88\)"):
+        read_image(path, 1, [3, 4])
+
+
+def _pgm(path, array: np.ndarray, maxval: int):
+    """A binary PGM (P5) of 16-bit ``array`` with ``maxval``: Pillow opens it in mode I."""
+    path.write_bytes(f"P5\n{array.shape[1]} {array.shape[0]}\n{maxval}\n".encode() + array.astype(">u2").tobytes())
+    return path
+
+
+def _saved(path, array: np.ndarray, mode: str):
+    """``array`` saved as the picture at ``path``, Pillow choosing the mode from its dtype (asserted
+    ``mode``: uint16 is I;16, big-endian uint16 I;16B, bool 1, int32 I, float32 F)."""
+    from PIL import Image
+
+    picture = Image.fromarray(array)
+    assert picture.mode == mode
+    picture.save(path)
+    return path
+
+
+GREY16 = (np.arange(12, dtype=np.uint16).reshape(3, 4) * 5957 + 1)  # 1 … 65528: every byte in play
+
+
+@pytest.mark.parametrize("write, expected", [
+    (lambda p: _saved(p / "g16.png", GREY16, "I;16"), GREY16 / 65535),
+    (lambda p: _saved(p / "g16b.tif", GREY16.astype(">u2"), "I;16B"), GREY16 / 65535),
+    (lambda p: _pgm(p / "g16.pgm", GREY16, 65535), GREY16 / 65535),  # mode I
+    (lambda p: _pgm(p / "g1000.pgm", GREY16 % 1001, 1000), (GREY16 % 1001) / 1000),  # mode I, 0 … maxval
+    (lambda p: _saved(p / "f.tif", (GREY16 / 65535).astype(np.float32), "F"), GREY16 / 65535),  # floats as they are
+    (lambda p: _png(p / "g8.png", (GREY16 >> 8).astype(np.uint8), "L"), (GREY16 >> 8) / 255),
+    (lambda p: _saved(p / "bits.png", GREY16 % 3 == 0, "1"), (GREY16 % 3 == 0) * 1.0),
+])
+def test_every_bit_depth_reads_on_the_same_0_to_1_scale(tmp_path, write, expected):
+    path = write(tmp_path)
+    grey = read_image(path, 1, [3, 4])
+    np.testing.assert_allclose(grey[0].numpy(), expected, atol=1e-5 if "1000" in path.name else 1e-6, rtol=0)
+    colour = read_image(path, 3, [3, 4])  # one grey value in each of R, G and B, as Pillow turns L into RGB
+    np.testing.assert_allclose(colour.numpy(), np.stack([grey[0].numpy()] * 3), atol=1e-6, rtol=0)
+    rgba = read_image(path, 4, [3, 4])  # and opaque
+    np.testing.assert_allclose(rgba.numpy(), np.stack([grey[0].numpy()] * 3 + [np.ones((3, 4))]), atol=1e-6, rtol=0)
+
+
+def test_a_palette_picture_is_read_through_its_palette(tmp_path):
+    from PIL import Image
+
+    rgb = np.random.default_rng(0).integers(0, 256, (3, 4, 3), dtype=np.uint8)
+    picture = Image.fromarray(rgb, mode="RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=5)
+    picture.save(tmp_path / "p.png")
+    colours = np.asarray(picture.convert("RGB"), dtype=np.float64).transpose(2, 0, 1) / 255
+    assert len(np.unique(np.asarray(picture))) > 1 and np.asarray(picture).max() < 5  # indices, not colours
+    np.testing.assert_allclose(read_image(tmp_path / "p.png", 3, [3, 4]).numpy(), colours, atol=1e-6, rtol=0)
+    luma = np.asarray(picture.convert("RGB").convert("L"), dtype=np.float64) / 255
+    np.testing.assert_allclose(read_image(tmp_path / "p.png", 1, [3, 4])[0].numpy(), luma, atol=1e-6, rtol=0)
+
+
+def test_grey_with_alpha_keeps_its_grey_and_gives_its_alpha_to_a_model_that_reads_rgba(tmp_path):
+    grey, alpha = (GREY16 >> 8).astype(np.uint8), (255 - (GREY16 >> 8)).astype(np.uint8)
+    path = _png(tmp_path / "la.png", np.stack([grey, alpha], -1), "LA")
+    np.testing.assert_allclose(read_image(path, 1, [3, 4])[0].numpy(), grey / 255, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(read_image(path, 3, [3, 4]).numpy(), np.stack([grey / 255] * 3), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(read_image(path, 4, [3, 4]).numpy(), np.stack([grey / 255] * 3 + [alpha / 255]),
+                               atol=1e-6, rtol=0)
+
+
+def test_integer_pixels_of_no_known_full_scale_are_refused_not_clipped(tmp_path):
+    path = _saved(tmp_path / "i32.tif", GREY16.astype(np.int32) * 1000, "I")
+    with pytest.raises(AtencionError) as err:
+        read_image(path, 1, [3, 4])
+    assert str(err.value).startswith(f"{path}: pixels in Pillow's mode I (32-bit integers) from a TIFF file have no "
+                                     f"known full scale; expected 1-, 8- or 16-bit pixels")
+
+
+def test_classify_refuses_a_decompression_bomb_in_one_line(vit_dir, tmp_path, capsys):
+    tmp, _ = vit_dir
+    (tmp_path / "bomb.png").write_bytes(blank_png(20_000, 20_000))
+    (tmp_path / "list.txt").write_text("bomb.png\n")
+    assert main(["classify", "--model", str(tmp / "run" / "best"), "--input", str(tmp_path / "list.txt")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err
+    assert f"list.txt line 1: {tmp_path / 'bomb.png'}: an image of 400,000,000 pixels" in captured.err
 
 
 def test_a_shift_moves_each_image_by_whole_pixels_and_fills_zeros():

@@ -19,6 +19,8 @@ from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.tasks.transcribe import transcribe_inputs
 from atencion.viz.attention import capture_input_attention
+from test_audio import ONE_HZ, raw_wav
+from test_images import blank_png
 from test_input_attention import _vit
 from test_speech import speech_model, tones  # noqa: F401 - the fixtures, used by name
 
@@ -113,6 +115,28 @@ def test_a_bad_upload_is_answered_with_its_status_and_one_line_naming_the_field(
     client, _ = client
     r = client.post(path, files=files, data=data)
     assert r.status_code == status and message in r.json()["error"], r.text
+    assert "\n" not in r.json()["error"]
+
+
+
+@pytest.mark.parametrize("path, model, name, make, message", [
+    ("/classify", "vit", "bomb.png", lambda: blank_png(20_000, 20_000), "file: bomb.png: an image of 400,000,000 "
+                                                                          "pixels"),
+    ("/classify", "vit", "large.png", lambda: blank_png(9_000, 9_000), "file: large.png: an image of 9000 × 9000 "
+                                                                         "pixels"),
+    ("/classify", "speech", "clip.wav", lambda: raw_wav(fmt_size=0xFFFF_FFFF), "file: clip.wav: not a readable PCM "
+                                                                                "WAV file (its fmt chunk says"),
+    ("/transcribe", "stt", "clip.wav", lambda: raw_wav(fmt_size=0xFFFF_FFFF), "file: clip.wav: not a readable PCM "
+                                                                               "WAV file (its fmt chunk says"),
+    ("/classify", "speech", "slow.wav", lambda: ONE_HZ, "file: slow.wav: a sample rate of 1 Hz; expected 1,000"),
+    ("/transcribe", "stt", "slow.wav", lambda: ONE_HZ, "file: slow.wav: a sample rate of 1 Hz; expected 1,000"),
+    ("/transcribe", "stt", "many.wav", lambda: raw_wav(channels=65_535), "file: many.wav: the header says 65535 "
+                                                                          "channels; expected 1 to 256"),
+])
+def test_a_hostile_image_or_recording_is_a_422_in_one_line_not_a_500(client, path, model, name, make, message):
+    client, _ = client
+    r = client.post(path, files={"file": (name, make())}, data={"model": model})
+    assert r.status_code == 422 and message in r.json()["error"], r.text
     assert "\n" not in r.json()["error"]
 
 

@@ -203,10 +203,11 @@ def _spectrogram_check(cfg, settings: dict) -> str | None:
 
 def read_spectrogram(path: Path, settings: dict) -> Tensor:
     """A WAV file's Whisper log-mel frames (n_mels, frames) (data/audio.py: mono, resampled to 16
-    kHz); one longer than inputs.max_frames is refused, naming the file."""
+    kHz); one longer than inputs.max_frames is refused, naming the file, from its header's length
+    and rate before its samples are read (and once more after, from the frames themselves)."""
     from ..data.audio import HOP, SAMPLE_RATE, load_features
 
-    frames = load_features(path, settings["n_mels"])
+    frames = load_features(path, settings["n_mels"], max_frames=settings["max_frames"])
     if frames.size(1) > settings["max_frames"]:
         raise AtencionError(f"{path}: {frames.size(1)} frames ({frames.size(1) * HOP / SAMPLE_RATE:.2f} s), more "
                             f"than inputs.max_frames={settings['max_frames']}")
