@@ -8,7 +8,8 @@ another kind is answered 400, saying which endpoints it has. A decoder given a d
 (``LoadedModel.draft``, `serve --draft`) answers /generate by speculative decoding: the same
 greedy text, and samples from the same distribution, as without it; /info names the draft.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
-never a traceback; see ``ServeSettings`` for the limits.
+never a traceback, quoting at most ``SHOWN`` characters of any value sent; see ``ServeSettings``
+for the limits, and ``_json`` for the numbers a body may hold.
 
 The model endpoints are a table, ``MODEL_ENDPOINTS``: one ``Endpoint`` each, in the spirit of a
 litgpt ``LitAPI`` (decode the request, predict, encode the response). One route function serves
@@ -70,6 +71,9 @@ NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at mos
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
 SMALLEST = 1e-30  # the least positive temperature and top_p of /generate (float32's smallest normal: 1.2e-38)
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
+DIGITS = 100    # the longest number a body may hold, in digits (Python converts at most 4,300 to an int)
+SHOWN = 40      # the characters of a request's value an error quotes at most, then "…"
+MESSAGE = 1000  # the characters of an error message at most (a last guard: no message of ours comes near)
 
 
 @dataclass
@@ -87,6 +91,24 @@ class ServeSettings:
     timeout_s: float = 60.0         # per request, queueing included (504 after it)
     read_timeout_s: float = 10.0    # to send a request's headers, and its body (408), and to idle between requests
     api_key: str | None = None      # when set, every endpoint but /health needs it
+
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key, "api_key")
+
+
+def check_api_key(key: str | None, where: str, without: str = "") -> None:
+    """Refuse a key no request could send: empty or blank (which every request without a key
+    would match, while /info says one is needed), or with whitespace at either end (which HTTP
+    strips from the header that carries it). ``where`` names where it came from; ``without`` says
+    how to serve without a key (default: leave ``where`` out)."""
+    if key is None:
+        return
+    if not key.strip():
+        raise AtencionError(f"{where}: the API key is {'empty' if not key else 'blank'}; give a key, or "
+                            f"{without or f'leave {where} out'} to serve without one")
+    if key != key.strip():
+        raise AtencionError(f"{where}: the API key begins or ends with whitespace, which HTTP headers drop; give "
+                            f"it without")
 
 
 @dataclass
@@ -157,7 +179,7 @@ class Context:
         """The model ``name`` (None: the first), if it answers ``endpoint``; 404 or 400 otherwise."""
         by_name = self.by_name
         if name is not None and name not in by_name:
-            raise Refused(404, f"model: no model named {name!r}; loaded: {sorted(by_name)}")
+            raise Refused(404, f"model: no model named {_quoted(name)}; loaded: {sorted(by_name)}")
         m = by_name[name] if name is not None else self.models[0]
         if endpoint.name not in m.endpoints:
             raise Refused(400, f"/{endpoint.name} needs {endpoint.needs}; model {m.name!r} is "
@@ -376,9 +398,11 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     settings = ctx.settings
     new_tokens = body.max_new_tokens or _new_tokens(settings)
     if new_tokens > settings.max_new_tokens:
-        raise Refused(422, f"max_new_tokens: {new_tokens} is more than the limit of {settings.max_new_tokens}")
+        raise Refused(422, f"max_new_tokens: {_cut(str(new_tokens))} is more than the limit of "
+                           f"{settings.max_new_tokens}")
     if body.num_samples > settings.max_samples:
-        raise Refused(422, f"num_samples: {body.num_samples} is more than the limit of {settings.max_samples}")
+        raise Refused(422, f"num_samples: {_cut(str(body.num_samples))} is more than the limit of "
+                           f"{settings.max_samples}")
     ctx.check_length("prompt", body.prompt)
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
@@ -506,7 +530,7 @@ def _uploaded(form: Upload):
         try:
             yield path
         except AtencionError as err:
-            raise AtencionError(str(err).replace(f"{path}: ", f"{form.filename or 'upload'}: ")) from None
+            raise AtencionError(str(err).replace(f"{path}: ", f"{_cut(form.filename) or 'upload'}: ")) from None
 
 
 def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
@@ -544,6 +568,7 @@ MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
 def create_app(models: list[LoadedModel], settings: ServeSettings | None = None) -> FastAPI:
     """The application serving ``models`` (the first is the default)."""
     settings = settings or ServeSettings()
+    check_api_key(settings.api_key, "api_key")  # again: a field may be set after ServeSettings checked it
     if not models:
         raise AtencionError("serve: give at least one model")
     ctx = Context(models, settings, Metrics())
@@ -649,7 +674,7 @@ def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[di
                 raise Refused(400, f"/{endpoint.name}: a file upload needs a model that reads images or recordings "
                                    f"(inputs kind patches or spectrogram); model {m.name!r} reads text: send JSON")
             if not form.data:
-                raise Refused(422, f"file: the upload {form.filename!r} is empty; expected "
+                raise Refused(422, f"file: the upload {_quoted(form.filename)} is empty; expected "
                                    f"{UPLOADS[input_kind(m.model.cfg).name]}")
             return await endpoint.upload(form, m, ctx)
         data = await _json(request)
@@ -672,7 +697,7 @@ async def _form(request: Request) -> Upload:
                            f"{', '.join(FORM_FIELDS)}") from None
     unknown = [key for key in form.keys() if key not in FORM_FIELDS]
     if unknown:
-        raise Refused(422, f"{unknown[0]}: unknown field; the form takes {', '.join(FORM_FIELDS)}")
+        raise Refused(422, f"{_cut(unknown[0])}: unknown field; the form takes {', '.join(FORM_FIELDS)}")
     upload, model, attention = form.get("file"), form.get("model"), form.get("attention", "false")
     if upload is None or isinstance(upload, str):
         raise Refused(422, "file: required field missing; expected a file upload (an image or a WAV file)")
@@ -685,7 +710,20 @@ async def _form(request: Request) -> Upload:
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    """An error's answer, ``{"error": message}``, the message cut at MESSAGE characters: each
+    value of the request it quotes is cut already (``_cut``); this guards against one that was not."""
+    return JSONResponse({"error": _cut(message, MESSAGE)}, status_code=status, headers=headers)
+
+
+def _cut(text: str, limit: int = SHOWN) -> str:
+    """``text``, or its first ``limit`` characters and "…": what an error quotes of a request,
+    so that a field name or a value of a megabyte is not sent back whole."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _quoted(text: str) -> str:
+    """``text`` cut (``_cut``) and quoted as Python quotes a string."""
+    return repr(_cut(text))
 
 
 def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
@@ -739,37 +777,79 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
 
 
 async def _json(request: Request) -> Any:
-    """The body decoded as JSON, whatever its content type says, every string in it valid Unicode;
-    a 422 saying why not otherwise."""
+    """The body decoded as JSON, whatever its content type says, every number in it one that JSON
+    has and Python reads (``_integer``, ``_float``, ``_constant``), every string valid Unicode; a
+    422 saying why not otherwise."""
     raw = await request.body()
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), parse_int=_integer, parse_float=_float, parse_constant=_constant)
     except UnicodeDecodeError as err:
         raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
-    fault = _not_unicode(data)
+    except ValueError as err:  # a number the hooks let by and Python cannot read: none known
+        raise Refused(422, f"the body is not valid JSON ({_cut(str(err))})") from None
+    fault = _unreadable(data)
     if fault is not None:
         raise Refused(422, fault)
     return data
 
 
-def _not_unicode(data: Any) -> str | None:
-    """Where the decoded JSON ``data`` holds a string that is not valid Unicode, named as a field
-    ("sentences.1: ..."), or None. JSON may escape half of a surrogate pair alone ("\\ud83d"), which
-    Python decodes to a string that no UTF-8 can carry: the tokenizers and the response would fail
-    on it. Every string is looked at, field names and the model's name too, walking the body
-    without recursion (it may be nested as deep as the parser allows)."""
+@dataclass(frozen=True)
+class Unreadable:
+    """What the JSON parser puts in place of a number the server does not read; ``why`` says why.
+    The parser's hooks know the number but not its field: ``_unreadable`` finds it and names it."""
+
+    why: str
+
+
+def _integer(literal: str) -> int | Unreadable:
+    """An integer literal of the body: at most DIGITS digits. Python converts at most 4,300 (a
+    longer one raised ValueError inside json.loads, a 500), and no field takes a number near 100."""
+    return _too_long(literal) or int(literal)
+
+
+def _float(literal: str) -> float | Unreadable:
+    """A literal with a fraction or an exponent: at most DIGITS digits, and finite (1e999 reads as inf)."""
+    too_long = _too_long(literal)
+    if too_long is not None:
+        return too_long
+    value = float(literal)
+    return value if math.isfinite(value) else Unreadable(f"{_cut(literal)} is out of range (not a finite number)")
+
+
+def _constant(name: str) -> Unreadable:
+    """NaN, Infinity or -Infinity: Python's JSON reads them; JSON has no such number."""
+    return Unreadable(f"{name} is not a number")
+
+
+def _too_long(literal: str) -> Unreadable | None:
+    """A number literal of more than DIGITS digits, refused, or None."""
+    digits = sum(c.isdigit() for c in literal)
+    if digits > DIGITS:
+        return Unreadable(f"a number of {digits} digits, more than the {DIGITS} the server reads")
+    return None
+
+
+def _unreadable(data: Any) -> str | None:
+    """Where the decoded JSON ``data`` holds what the server does not read, named as a field
+    ("sentences.1: ..."), or None: a number the parser refused (``Unreadable``), or a string that is
+    not valid Unicode. JSON may escape half of a surrogate pair alone ("\\ud83d"), which Python
+    decodes to a string that no UTF-8 can carry: the tokenizers and the response would fail on it.
+    Every string is looked at, field names and the model's name too, walking the body without
+    recursion (it may be nested as deep as the parser allows)."""
     stack: list[tuple[str, Any, bool]] = [("", data, False)]
     while stack:
         where, item, is_key = stack.pop()
+        if isinstance(item, Unreadable):
+            return f"{_field(where)}: {item.why}"
         if isinstance(item, str):
             bad = SURROGATE.search(item)
             if bad is not None:
-                what = f"the field name {item!r} is not" if is_key else "not"
-                return f"{where or 'body'}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
+                what = f"the field name {_quoted(item)} is not" if is_key else "not"
+                return f"{_field(where)}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
         elif isinstance(item, dict):
             for key, value in reversed(item.items()):  # popped in the body's order
                 stack.append((_join(where, key), value, False))
@@ -780,7 +860,14 @@ def _not_unicode(data: Any) -> str | None:
 
 
 def _join(where: str, part: Any) -> str:
-    return f"{where}.{part}" if where else str(part)
+    """The path of a field inside ``where``, each part cut (``_cut``): a key may be a megabyte long."""
+    part = _cut(str(part))
+    return f"{where}.{part}" if where else part
+
+
+def _field(where: str) -> str:
+    """A field's path as an error names it: "body" for the whole, cut when nested deep."""
+    return _cut(where or "body", 2 * SHOWN)
 
 
 def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
@@ -789,7 +876,7 @@ def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
         return schema.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "body"
+        where = _field(".".join(_cut(str(part)) for part in first.get("loc", ())))
         if first.get("type") == "extra_forbidden":
             raise Refused(422, f"{where}: unknown field") from None
         if first.get("type") == "missing":

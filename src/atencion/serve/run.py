@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 from pathlib import Path
 
 from ..errors import AtencionError
-from .app import LoadedModel, ServeSettings, create_app
+from .app import LoadedModel, ServeSettings, check_api_key, create_app
 
 
 def parse_models(specs: list[str]) -> list[tuple[str, str]]:
@@ -30,18 +32,81 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
     """`atencion serve`: load the model directories ``models`` ([NAME=]DIR, the first the default)
     and serve them until Ctrl-C or SIGTERM; ``limits`` are ServeSettings fields (api_key: default
     $ATENCION_API_KEY). With ``draft``, a model directory, /generate decodes speculatively
-    (``attach_draft``), ``draft_tokens`` proposed per round."""
-    import os
-
+    (``attach_draft``), ``draft_tokens`` proposed per round. A bad key or a port out of range is
+    refused in one line before any model is loaded, a host or port it cannot listen on before
+    anything is announced (``serve``)."""
+    settings = ServeSettings(**{**limits, "api_key": api_key(limits.get("api_key"))})
+    check_port(port)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    settings = ServeSettings(**{**limits, "api_key": limits.get("api_key") or os.environ.get("ATENCION_API_KEY")})
     loaded = load_models(models, device)
     if draft is not None:
         attach_draft(loaded, draft, draft_tokens, device)
     serve(loaded, host, port, settings)
+
+
+def api_key(given: str | None) -> str | None:
+    """The key to require: ``given`` (--api-key), else $ATENCION_API_KEY, else None (no key). An
+    empty or blank one, from either, is refused naming where it came from (``check_api_key``),
+    rather than read as no key, or as a key that every request without one matches."""
+    import os
+
+    if given is not None:
+        check_api_key(given, "--api-key")
+        return given
+    key = os.environ.get("ATENCION_API_KEY")
+    check_api_key(key, "ATENCION_API_KEY", "unset it")
+    return key
+
+
+def check_port(port: int) -> None:
+    """Refuse a port that is no TCP port, naming --port (getaddrinfo lets 70000 by)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise AtencionError(f"--port {port}: expected a port from 0 to 65535")
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to ``port`` on each address of ``host`` (as asyncio's create_server binds
+    them), for uvicorn to listen on. Bound before the server is announced, so that a port in use,
+    a host that is no address of this machine or resolves to none, and a port out of range are
+    one line naming --host or --port (exit 2), never uvicorn's log line and exit 3 after
+    "serving"; and handed to uvicorn bound, so nothing can take the port in between."""
+    check_port(port)
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise AtencionError(f"--host {host}: no address of that name ({reason}); give an address of this machine, "
+                            f"127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(addresses):
+            sockets.append(socket.socket(family, kind, proto))
+            sockets[-1].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sockets[-1].setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sockets[-1].bind(address)
+    except OSError as err:
+        for sock in sockets:
+            sock.close()
+        raise AtencionError(cannot_listen(host, port, err)) from None
+    return sockets
+
+
+def cannot_listen(host: str, port: int, err: OSError) -> str:
+    """Why the server cannot listen at ``host``:``port``, naming the option to change."""
+    reason = err.strerror or str(err)
+    if err.errno == errno.EADDRINUSE:
+        return (f"--port {port}: in use on {host} ({reason}): something else listens there; choose another port, "
+                f"or stop what holds it")
+    if err.errno == errno.EADDRNOTAVAIL:
+        return (f"--host {host}: not an address of this machine ({reason}); give one of its addresses, "
+                f"127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+    if err.errno == errno.EACCES:
+        return f"--port {port}: no permission to listen on it ({reason}); ports below 1024 need privileges"
+    return f"--host {host} --port {port}: cannot listen ({reason})"
 
 
 def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
@@ -125,17 +190,23 @@ def read_deadline_protocol() -> type:
 
 
 def serve(models: list[LoadedModel], host: str, port: int, settings: ServeSettings) -> None:
+    """Serve ``models`` at ``host``:``port`` until Ctrl-C or SIGTERM, each request logged as one
+    JSON line on stderr; a host or port it cannot listen on is refused before it says it serves."""
     import uvicorn
 
-    logging.getLogger("atencion.serve").setLevel(logging.INFO)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("atencion.serve").addHandler(handler)
-    logging.getLogger("atencion.serve").propagate = False
-    app = create_app(models, settings)
-    names = ", ".join(m.name for m in models)
-    print(f"atencion serve: {names} on http://{host}:{port}/ (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    sockets = listen(host, port)
     try:
-        uvicorn.Server(uvicorn_config(app, host, port, settings)).run()
-    except OSError as err:
-        raise AtencionError(f"--host {host} --port {port}: cannot listen ({err.strerror or err})") from None
+        logging.getLogger("atencion.serve").setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("atencion.serve").addHandler(handler)
+        logging.getLogger("atencion.serve").propagate = False
+        app = create_app(models, settings)
+        names = ", ".join(m.name for m in models)
+        bound = sockets[0].getsockname()[1]  # the port the system chose for --port 0
+        shown = f"[{host}]" if ":" in host else host
+        print(f"atencion serve: {names} on http://{shown}:{bound}/ (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        uvicorn.Server(uvicorn_config(app, host, port, settings)).run(sockets=sockets)  # bound: nothing to fail
+    finally:
+        for sock in sockets:
+            sock.close()
