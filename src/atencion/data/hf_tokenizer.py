@@ -53,43 +53,73 @@ def is_hf_tokenizer(info: dict) -> bool:
     return isinstance(info, dict) and "model" in info and "added_tokens" in info
 
 
-def _token(value) -> str | None:
-    """A special token as the config writes it: a string or an AddedToken's {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
+def _object(path: Path, what: str) -> dict:
+    """The JSON object in ``path``; anything else is refused naming the file."""
+    data = read_json(path, what)
+    if not isinstance(data, dict):
+        raise AtencionError(f"{path}: holds {type(data).__name__}; expected a JSON object ({what})")
+    return data
 
 
-def _ids(value) -> tuple[int, ...]:
+def _shown(value, limit: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _token(path: Path, key: str, value) -> str | None:
+    """A special token as a tokenizer config writes it: a string, an AddedToken's {"content":
+    ...}, or null."""
+    content = value.get("content") if isinstance(value, dict) else value
+    if value is not None and not isinstance(content, str):
+        raise AtencionError(f"{path}: {key} is {_shown(value)}; expected a token (a string or "
+                            f'{{"content": "…"}}), or null')
+    return content
+
+
+def _ids(path: Path, key: str, value) -> tuple[int, ...]:
+    """The token ids of ``key``: a whole number ≥ 0, a list of them, or null (none)."""
     values = value if isinstance(value, list) else [value]
-    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    if value is None:
+        return ()
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise AtencionError(f"{path}: {key} is {_shown(value)}; expected a token id (a whole number ≥ 0), a list "
+                            f"of them, or null")
+    return tuple(values)
 
 
-def read_specials(directory: Path, token_to_id) -> SpecialIds:
+def read_specials(directory: Path, token_to_id, vocab_size: int) -> SpecialIds:
     """The special ids of the tokenizer in ``directory``: each role's token named by
     tokenizer_config.json or special_tokens_map.json (then its id by ``token_to_id``), else the
-    id generation_config.json or config.json gives; BERT's [CLS]/[SEP] stand for <s>/</s>."""
+    id generation_config.json or config.json gives; BERT's [CLS]/[SEP] stand for <s>/</s>. A
+    value of the wrong kind, or an id taken as a special token outside the vocabulary
+    (``vocab_size``), is refused naming the file and key; EOS ids past it may stay among the ids
+    that end a text (``stop``), which the model never produces (as transformers takes them)."""
     tokens: dict[str, str] = {}
     ids: dict[str, tuple[int, ...]] = {}
+    source: dict[str, str] = {}  # role → "file: key" its ids came from
     for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
         if (directory / name).is_file():
-            config = read_json(directory / name, "tokenizer configuration")
+            config = _object(directory / name, "tokenizer configuration")
             for role in ROLES:
-                token = _token(config.get(f"{role}_token")) if isinstance(config, dict) else None
+                token = _token(directory / name, f"{role}_token", config.get(f"{role}_token"))
                 if token is not None:
                     tokens.setdefault(role, token)
     for name in (GENERATION_CONFIG, "config.json"):
         if (directory / name).is_file():
-            config = read_json(directory / name, "configuration")
+            config = _object(directory / name, "configuration")
             for role in ("pad", "bos", "eos"):
-                found = _ids(config.get(f"{role}_token_id")) if isinstance(config, dict) else ()
-                if found:
-                    ids.setdefault(role, found)
+                key = f"{role}_token_id"
+                found = _ids(directory / name, key, config.get(key))
+                if found and role not in ids:
+                    ids[role], source[role] = found, f"{directory / name}: {key}"
 
     def find(role: str) -> int | None:
         token = tokens.get(role)
         if token is not None and token_to_id(token) is not None:
             return token_to_id(token)
+        if role in ids and ids[role][0] >= vocab_size:
+            raise AtencionError(f"{source[role]} is {ids[role][0]}, outside the vocabulary of {vocab_size} tokens "
+                                f"(and no {role}_token names a token of it)")
         return ids[role][0] if role in ids else None
 
     bos, eos, pad = find("bos"), find("eos"), find("pad")
@@ -100,19 +130,27 @@ def read_specials(directory: Path, token_to_id) -> SpecialIds:
     return SpecialIds(pad=pad, unk=find("unk"), bos=bos, eos=eos, mask=find("mask"), stop=stop)
 
 
-def read_chat_template(directory: Path) -> str | None:
-    """The chat template of the tokenizer in ``directory`` (chat_template.jinja, or the
-    "chat_template" of tokenizer_config.json: a string, or named templates of which "default"),
-    or None."""
+def read_chat_template(directory: Path) -> tuple[str, Path] | None:
+    """The chat template of the tokenizer in ``directory`` and the file it is in
+    (chat_template.jinja, or the "chat_template" of tokenizer_config.json: a string, or named
+    templates of which "default"), or None."""
     if (directory / CHAT_TEMPLATE_FILE).is_file():
-        return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-    if not (directory / TOKENIZER_CONFIG).is_file():
+        path = directory / CHAT_TEMPLATE_FILE
+        try:
+            return path.read_text(encoding="utf-8"), path
+        except UnicodeDecodeError:
+            raise AtencionError(f"{path}: not UTF-8 text; expected a jinja2 chat template") from None
+    path = directory / TOKENIZER_CONFIG
+    if not path.is_file():
         return None
-    template = read_json(directory / TOKENIZER_CONFIG, "tokenizer configuration").get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return template if isinstance(template, str) else None
+    template = _object(path, "tokenizer configuration").get("chat_template")
+    if isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str) and
+                                          isinstance(t.get("template"), str) for t in template):
+        template = {t["name"]: t["template"] for t in template}.get("default")
+    elif template is not None and not isinstance(template, str):
+        raise AtencionError(f"{path}: chat_template is {_shown(template)}; expected a jinja2 template (a string), "
+                            f'a list of {{"name": …, "template": …}}, or null')
+    return (template, path) if template is not None else None
 
 
 def _side_files(directory: Path) -> dict[str, bytes]:
@@ -135,9 +173,14 @@ class ForeignVocab:
 
     def __init__(self, directory: Path, files: dict[str, bytes], specials: SpecialIds):
         self.directory, self.files, self.specials = directory, files, specials
-        config = json.loads(files[TOKENIZER_CONFIG]) if TOKENIZER_CONFIG in files else {}
-        self.clean_up = bool(config.get("clean_up_tokenization_spaces", False)) if isinstance(config, dict) else False
-        self.chat_template = read_chat_template(directory)
+        path = directory / TOKENIZER_CONFIG
+        clean_up = _object(path, "tokenizer configuration").get("clean_up_tokenization_spaces") \
+            if TOKENIZER_CONFIG in files else None
+        if clean_up is not None and not isinstance(clean_up, bool):
+            raise AtencionError(f"{path}: clean_up_tokenization_spaces is {_shown(clean_up)}; expected true, false "
+                                f"or null")
+        self.clean_up = bool(clean_up)
+        self.chat_template, self.chat_template_file = read_chat_template(directory) or (None, None)
 
     def save(self, directory: Path) -> None:
         for name, data in self.files.items():
@@ -151,11 +194,20 @@ class ForeignVocab:
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """``messages`` through the chat template with the prompt of the assistant's turn, by
-        transformers' own renderer (sandboxed jinja2, as ``apply_chat_template``)."""
+        transformers' own renderer (sandboxed jinja2, as ``apply_chat_template``). A template
+        that does not render (a syntax error, an unknown filter, its own ``raise_exception``) is
+        refused in one line naming its file and jinja's message."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.chat_template,
-                                            add_generation_prompt=True, **self.special_tokens())
+        try:
+            rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.chat_template,
+                                                add_generation_prompt=True, **self.special_tokens())
+        except Exception as err:  # the template is the directory's own code: whatever it raises is its fault
+            lines = str(err).strip().splitlines()
+            reason = f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
+            line = getattr(err, "lineno", None)
+            where = f"{self.chat_template_file}" + (f" (template line {line})" if line else "")
+            raise AtencionError(f"{where}: the chat template does not render ({reason})") from None
         return rendered[0]
 
     def id_to_piece(self, i: int) -> str:
@@ -180,7 +232,8 @@ class TokenizersVocab(ForeignVocab):
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot read
             raise AtencionError(f"{path}: not a readable tokenizers file ({err})") from None
         files = {HF_TOKENIZER_FILE: path.read_bytes(), **_side_files(directory)}
-        super().__init__(directory, files, read_specials(directory, self.backend.token_to_id))
+        super().__init__(directory, files, read_specials(directory, self.backend.token_to_id,
+                                                         self.backend.get_vocab_size(with_added_tokens=True)))
         model = json.loads(files[HF_TOKENIZER_FILE]).get("model", {})
         # WordPiece's mark of a piece that goes on with a word ("##"); None for other models
         self.continues = (model.get("continuing_subword_prefix") or "##") if model.get("type") == "WordPiece" else None
@@ -243,7 +296,8 @@ class MarianVocab(ForeignVocab):
         self.ids, self.pieces = vocab, {i: piece for piece, i in vocab.items()}
         names = [*MARIAN_FILES, *([TARGET_VOCAB] if (directory / TARGET_VOCAB).is_file() else [])]
         files = {name: (directory / name).read_bytes() for name in names}
-        super().__init__(directory, {**files, **_side_files(directory)}, read_specials(directory, vocab.get))
+        super().__init__(directory, {**files, **_side_files(directory)},
+                         read_specials(directory, vocab.get, max(vocab.values(), default=-1) + 1))
         if self.specials.unk is None:
             raise AtencionError(f"{directory / vocab_file}: has no <unk>, which MarianTokenizer requires")
 

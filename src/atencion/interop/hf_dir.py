@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
-from ..fileio import read_json
 from ..nn.model_dir import CONFIG_FILE, INDEX_FILE, model_from_tensors, weights_files
 from . import IMPORTERS, from_hf
+from .hf_config import read_checked
 
 
 class Checkpoint(Mapping):
@@ -111,10 +111,9 @@ def _family(directory: Path) -> tuple[ModuleType | None, str]:
     that IMPORTERS converts but whose module reads no checkpoint. Anything else is refused,
     naming the model_type (or class) and what is supported."""
     path = directory / CONFIG_FILE
-    config = read_json(path, "model configuration")
-    model_type = config.get("model_type")
-    architectures = config.get("architectures") or []
-    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    config = read_checked(path)
+    model_type = config["model_type"]
+    architecture = (config.get("architectures") or [None])[0]
     known = families()
     if model_type not in known:
         if architecture in IMPORTERS:
@@ -139,8 +138,26 @@ def _hf_config(directory: Path):
                             f"(pip install transformers)") from None
     try:
         return AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise AtencionError(f"{directory / CONFIG_FILE}: transformers cannot read it ({err})") from None
+    except Exception as err:  # a value only transformers reads: its own error types (StrictDataclassError, …)
+        raise AtencionError(f"{directory / CONFIG_FILE}: transformers cannot read it ({_reason(err)})") from None
+
+
+def _reason(err: Exception) -> str:
+    """The last line of a transformers error, cut short: its messages run to several lines."""
+    lines = str(err).strip().splitlines()
+    reason = lines[-1].strip() if lines else type(err).__name__
+    return reason if len(reason) <= 200 else reason[:200] + "…"
+
+
+def _import_config(module: ModuleType, directory: Path, architecture: str) -> ModelConfig:
+    """The family's ``import_config`` of the directory; its refusals name the file they are about."""
+    path = directory / CONFIG_FILE
+    try:
+        return module.import_config(_hf_config(directory), architecture)
+    except AtencionError as err:
+        if str(path) in str(err):
+            raise
+        raise AtencionError(f"{path}: {err}") from None
 
 
 def read_config(directory: Path) -> ModelConfig:
@@ -148,7 +165,7 @@ def read_config(directory: Path) -> ModelConfig:
     module, architecture = _family(directory)
     if module is None or not hasattr(module, "import_state"):
         return read_model(directory).cfg
-    return module.import_config(_hf_config(directory), architecture)
+    return _import_config(module, directory, architecture)
 
 
 def read_model(directory: Path) -> nn.Module:
@@ -157,7 +174,7 @@ def read_model(directory: Path) -> nn.Module:
     module, architecture = _family(directory)
     if module is None or not hasattr(module, "import_state"):
         return _through_transformers(directory, architecture)
-    cfg = module.import_config(_hf_config(directory), architecture)
+    cfg = _import_config(module, directory, architecture)
     state = Checkpoint(directory, getattr(module, "TIED", {}))
     try:
         cfg, tensors = module.import_state(cfg, state)
@@ -168,12 +185,25 @@ def read_model(directory: Path) -> nn.Module:
 
 
 def _through_transformers(directory: Path, architecture: str) -> nn.Module:
-    """A class whose module reads no checkpoint: transformers' model, loaded and converted."""
+    """A class whose module reads no checkpoint: transformers' model, loaded and converted. A
+    tensor the class has and the file lacks (which transformers would leave random), or one the
+    file has and the class does not, is refused naming both files."""
     import transformers
+    from transformers.utils import logging as hf_logging
 
     weights_files(directory)  # a missing file or shard is named before transformers looks
+    hf_logging.disable_progress_bar()  # a command's stderr holds its own lines only
     try:
-        hf_model = getattr(transformers, architecture).from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise AtencionError(f"{directory}: transformers cannot load its {architecture} ({err})") from None
-    return from_hf(hf_model).eval()
+        hf_model, info = getattr(transformers, architecture).from_pretrained(
+            str(directory), local_files_only=True, output_loading_info=True)
+    except Exception as err:  # transformers' own error types for a value only it reads
+        raise AtencionError(f"{directory}: transformers cannot load its {architecture} ({_reason(err)})") from None
+    unread = {key: sorted(info.get(key) or []) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(unread.values()):
+        found = "; ".join(f"{key.replace('_', ' ')} {names[:3]}" for key, names in unread.items() if names)
+        raise AtencionError(f"{directory}: its weights do not match the {architecture} of its "
+                            f"{CONFIG_FILE} ({found})")
+    try:
+        return from_hf(hf_model).eval()
+    except AtencionError as err:
+        raise AtencionError(f"{directory}: {err}") from None
