@@ -354,3 +354,20 @@ def test_two_processes_train_the_same_adapters_as_one_process(translator, tmp_pa
     assert one.keys() == two.keys() and any(v.abs().sum() > 0 for k, v in one.items() if k.endswith("lora_B"))
     for name in one:
         torch.testing.assert_close(two[name], one[name], atol=1e-6, rtol=1e-5)
+
+
+def test_an_adapter_whose_base_is_a_model_of_another_shape_is_refused_in_one_line(translator, tmp_path):
+    from atencion.nn.model_dir import weights_checksum
+
+    base_dir, data = translator
+    lora_dir = Path(train(lora_config(data, base_dir, **{"train.max_steps": 3}), tmp_path / "lora")["last_checkpoint"])
+    wider = Path(train(tiny_config(data, **{"train.max_steps": 2, "model.d_ff": 48}), tmp_path / "wider")
+                 ["last_checkpoint"])
+    record = json.loads((lora_dir / "lora.json").read_text())  # named with its checksum: it passes that check
+    (lora_dir / "lora.json").write_text(json.dumps({**record, "base": str(wider),
+                                                    "base_sha256": weights_checksum(wider)}))
+    (tmp_path / "in.txt").write_text("uno dos\n")
+    result = atencion("translate", "--model", str(lora_dir), "--input", str(tmp_path / "in.txt"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and str(wider) in result.stderr, result.stderr
+    assert "do not fit" in result.stderr and "(48," in result.stderr, result.stderr

@@ -299,3 +299,17 @@ def test_serve_s_draft_options_reach_the_models_it_serves(directories, capsys, m
                           "--draft", directories["draft"], "--draft-tokens", "5"], capsys)
     assert status == 0, err
     assert [(m.draft.path, m.draft.tokens) if m.draft else None for m in seen] == [(directories["draft"], 5), None]
+
+
+def test_a_draft_that_reads_no_tokens_is_refused_in_one_line_naming_it(directories, tmp_path, capsys):
+    from atencion.config import ModelConfig
+    from atencion.nn.model_dir import save_model
+    from atencion.nn.transformer import Transformer
+
+    images = ModelConfig.preset("vit-tiny", n_layers=1, d_model=16, d_ff=32, n_heads=2, num_labels=2,
+                                inputs={"kind": "patches", "patch": 4, "size": [8, 8], "channels": 1})
+    save_model(Transformer(images), tmp_path / "vit")
+    for draft in (str(tmp_path / "vit"), str(tmp_path)):  # an image model; a directory that holds no model
+        status, out, err = run(["generate", "--model", directories["target"], "--prompt", "the", "--draft", draft],
+                               capsys)
+        assert status == 2 and out == "" and err.count("\n") == 1 and draft in err and "Traceback" not in err, err

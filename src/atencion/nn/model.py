@@ -66,6 +66,10 @@ class Model(nn.Module):
         own = self.state_dict()
         state = {name: value for name, value in other.state_dict().items()
                  if not name.startswith("classifier.") or (name in own and own[name].shape == value.shape)}
+        for name, value in state.items():  # load_state_dict would raise a RuntimeError listing every one
+            if name in own and own[name].shape != value.shape:
+                raise AtencionError(f"{where}: its weights do not fit the model; {name} is "
+                                    f"{tuple(value.shape)} there, {tuple(own[name].shape)} in this model's config")
         missing, unexpected = self.load_state_dict(state, strict=False)
         new = [name for name in missing if not name.startswith("classifier.")]
         if new or unexpected:

@@ -361,6 +361,9 @@ def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_t
     def pieces(t: Tokenizer) -> list[str]:
         return [t.piece(i) for i in range(t.vocab_size)]
 
+    if draft_tokenizer is None:  # a model of images or sounds
+        raise AtencionError(f"--draft {draft} reads no tokens (it has no tokenizer): a draft must be a decoder-only "
+                            f"model with the tokenizer of --model {model}")
     mine, theirs = (tokenizer.kind, pieces(tokenizer)), (draft_tokenizer.kind, pieces(draft_tokenizer))
     if mine == theirs:
         return
