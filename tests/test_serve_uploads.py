@@ -124,6 +124,8 @@ def test_a_bad_upload_is_answered_with_its_status_and_one_line_naming_the_field(
                                                                           "pixels"),
     ("/classify", "vit", "large.png", lambda: blank_png(9_000, 9_000), "file: large.png: an image of 9000 × 9000 "
                                                                          "pixels"),
+    ("/classify", "vit", "noise.png", lambda: b"\x89PNG\r\n\x1a\n" + bytes(64), "file: noise.png: not a PNG"),
+    ("/classify", "vit", "noise.gif", lambda: b"GIF89a" + bytes(20), "file: noise.gif: not a PNG"),
     ("/classify", "speech", "clip.wav", lambda: raw_wav(fmt_size=0xFFFF_FFFF), "file: clip.wav: not a readable PCM "
                                                                                 "WAV file (its fmt chunk says"),
     ("/transcribe", "stt", "clip.wav", lambda: raw_wav(fmt_size=0xFFFF_FFFF), "file: clip.wav: not a readable PCM "
@@ -138,6 +140,7 @@ def test_a_hostile_image_or_recording_is_a_422_in_one_line_not_a_500(client, pat
     r = client.post(path, files={"file": (name, make())}, data={"model": model})
     assert r.status_code == 422 and message in r.json()["error"], r.text
     assert "\n" not in r.json()["error"]
+    assert "atencion-upload-" not in r.json()["error"] and "/upload" not in r.json()["error"], r.text  # no server path
 
 
 def test_json_to_a_model_that_reads_files_is_told_to_upload_one(client):

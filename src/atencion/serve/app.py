@@ -522,7 +522,8 @@ def _input_attention(m: LoadedModel, path: Path) -> dict[str, Any]:
 @contextmanager
 def _uploaded(form: Upload):
     """The upload as a file in a temporary folder (its suffix kept: .npy is read as an array); an
-    AtencionError raised inside names the field ``file`` and the upload's name, not the folder."""
+    AtencionError raised inside names the upload by its name, never the server's folder, wherever
+    the message holds the path."""
     suffix = Path(form.filename).suffix.lower()
     with tempfile.TemporaryDirectory(prefix="atencion-upload-") as folder:
         path = Path(folder) / ("upload" + (suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""))
@@ -530,7 +531,8 @@ def _uploaded(form: Upload):
         try:
             yield path
         except AtencionError as err:
-            raise AtencionError(str(err).replace(f"{path}: ", f"{_cut(form.filename) or 'upload'}: ")) from None
+            name = _cut(form.filename) or "upload"
+            raise AtencionError(str(err).replace(str(path), name).replace(folder, "(the upload)")) from None
 
 
 def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
