@@ -118,6 +118,8 @@ BAD = [
     ("llama", {"hidden_size": "64"}, "hidden_size"),
     ("llama", {"hidden_size": 16.0}, "hidden_size"),
     ("llama", {"num_hidden_layers": True}, "num_hidden_layers"),
+    ("llama", {"num_hidden_layers": 10**9}, "num_hidden_layers"),
+    ("gpt2", {"n_layer": 10**6}, "n_layer"),
     ("llama", {"model_type": ["llama"]}, "model_type"),
     ("llama", {"architectures": "LlamaForCausalLM"}, "architectures"),
     ("llama", {"num_key_value_heads": 3, "num_attention_heads": 4, "hidden_size": 16}, "num_key_value_heads"),
@@ -150,6 +152,21 @@ def test_a_bad_value_is_refused_in_one_line_naming_the_file_and_key(saved, tmp_p
     with pytest.raises(AtencionError) as caught:
         hf_dir.read_model(directory)
     one_line_naming(caught.value, str(directory / "config.json"), key)
+
+
+SIZES = [("llama", {"vocab_size": 10**12}), ("llama", {"intermediate_size": 10**11}),
+         ("llama", {"hidden_size": 2**24, "num_attention_heads": 2**21, "head_dim": 8}),
+         ("gpt2", {"n_embd": 2**20, "n_head": 2**17}), ("bert", {"vocab_size": 10**10}),
+         ("t5", {"d_ff": 10**11}), ("marian", {"encoder_ffn_dim": 10**11, "decoder_ffn_dim": 10**11}),
+         ("neox", {"vocab_size": 10**12})]
+
+
+@pytest.mark.parametrize("family, changes", SIZES, ids=[f"{f}-{'-'.join(c)}" for f, c in SIZES])
+def test_a_config_far_larger_than_its_weights_is_refused_before_anything_is_built(saved, tmp_path, family, changes):
+    directory = edited(saved[family], tmp_path / family, **changes)
+    with pytest.raises(AtencionError) as caught:
+        hf_dir.read_model(directory)
+    one_line_naming(caught.value, str(directory / "config.json"), "parameters", "different models")
 
 
 def test_a_config_that_is_not_an_object_is_refused(saved, tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,121 @@ class ModelConfig:
         """The number of layers of each stack the arch has."""
         return [self.n_layers, self.decoder_layers] if self.arch in TWO_STACKS else [self.n_layers]
 
+    # size, before anything is built ----------------------------------------------------------
+
+    def parameter_parts(self) -> dict[str, int]:
+        """About how many parameters each part of the model has, counted from the config alone
+        (nothing is built, so a config of 10^12 parameters costs nothing to count): ``layers``
+        (attention, feed-forward, norms), ``experts`` (moe: the experts and their routers),
+        ``vocabulary`` (token tables, output projection, heads), ``positions`` (learned tables,
+        Linformer's projections) and ``inputs`` (an image's or a sound's front end)."""
+        if self.arch == "rnn":
+            return self._rnn_parts()
+        d, parts = self.d_model, dict.fromkeys(("layers", "experts", "vocabulary", "positions", "inputs"), 0)
+        norm = d if self.norm == "rmsnorm" else 2 * d
+        self_attention = 2 * d * d + 2 * d * self.kv_heads * self.d_k + \
+            (d + 2 * self.kv_heads * self.d_k if self.bias or self.qkv_bias else 0) + (d if self.bias else 0)
+        cross_attention = 4 * d * d + (4 * d if self.bias else 0)
+        gated = self.activation in ("swiglu", "geglu")
+        ffn = (3 if gated else 2) * d * self.d_ff + ((2 if gated else 1) * self.d_ff + d if self.bias else 0)
+        for stack, depth in enumerate(self._stack_depths()):
+            cross = stack == 1
+            experts = 0 if self.moe is None else depth if self.moe["layers"] == "all" else depth // 2
+            residuals = 1 + cross + (self.d_ff > 0)
+            parts["layers"] += depth * (self_attention + cross * cross_attention + residuals * norm) + \
+                (depth - experts) * (ffn if self.d_ff else 0) + (norm if self.norm_first else 0)
+            if experts:
+                parts["experts"] += experts * self.moe["experts"] * (ffn + d)  # + the router's column
+            parts["positions"] += self._position_parameters(depth)
+            parts["inputs"] += 2 * d if self.embedding_norm and not (cross or self.arch == "decoder" and stack) else 0
+        parts["vocabulary"] = self._vocabulary_parameters()
+        parts["inputs"] += self._input_parameters()
+        return parts
+
+    def parameter_estimate(self) -> int:
+        """About how many parameters the model has (the sum of ``parameter_parts``), from the config alone."""
+        return sum(self.parameter_parts().values())
+
+    def memory_parts(self, bytes_per_parameter: int) -> dict[str, int]:
+        """About the bytes each part of ``parameter_parts`` takes at ``bytes_per_parameter``
+        (TRAIN_BYTES or LOAD_BYTES), with what is not a parameter: the sinusoid tables (under
+        ``positions``) and the Python objects of the blocks and the experts (a block or an expert
+        costs kilobytes whatever its width, so a million narrow layers do not fit either)."""
+        stacks = self._stack_depths()
+        parts = {part: bytes_per_parameter * count for part, count in self.parameter_parts().items()}
+        if self.positional == "sinusoidal" and self.arch != "rnn":  # float64, then float32, in each stack
+            parts["positions"] += len(stacks) * self.max_positions * self.d_model * 12
+        parts["layers"] += BLOCK_OBJECT_BYTES * sum(stacks)
+        if self.moe is not None:
+            parts["experts"] += EXPERT_OBJECT_BYTES * self.moe["experts"] * sum(
+                depth if self.moe["layers"] == "all" else depth // 2 for depth in stacks)
+        return parts
+
+    def memory_estimate(self, bytes_per_parameter: int) -> int:
+        """About the bytes the model takes at ``bytes_per_parameter`` (the sum of ``memory_parts``)."""
+        return sum(self.memory_parts(bytes_per_parameter).values())
+
+    def _position_parameters(self, depth: int) -> int:
+        """The parameters one stack of ``depth`` layers spends on positions."""
+        count = self.max_positions * self.d_model if self.positional == "learned" else 0
+        if self.positional == "t5":
+            count += self.relative_buckets * self.n_heads
+        kind = (self.attention or {}).get("kind")
+        if kind == "linformer":  # E and F, (proj_len, max_positions) each, shared as `sharing` says
+            table = self.attention["proj_len"] * self.max_positions
+            sharing = self.attention["sharing"]
+            count += {"none": 2 * self.n_heads * table * depth, "headwise": 2 * table * depth,
+                      "kv": table * depth, "layerwise": table}[sharing]
+        return count
+
+    def _vocabulary_parameters(self) -> int:
+        """The token tables, the output projection and the heads over the vocabularies."""
+        d, target = self.d_model, self.target_vocab_size
+        count = self.vocab_size * d + self.type_vocab_size * d
+        if self.arch in TWO_STACKS:
+            count += 0 if self.share_embeddings else target * d
+            count += (0 if self.tie_output else target * d) + (target if self.output_bias else 0)
+        elif self.arch == "decoder":
+            count += (0 if self.tie_output else target * d) + (target if self.output_bias else 0)
+        elif self.vocab_size:  # BERT's masked-LM head: dense, LayerNorm, a bias over the tied table
+            count += d * d + 3 * d + self.vocab_size
+        if self.num_labels:
+            count += (d * d + d if self.pooler else 0) + d * self.num_labels + self.num_labels
+        return count
+
+    def _input_parameters(self) -> int:
+        """An image's or a sound's front end (nn/inputs.py), from ``inputs``' settings."""
+        settings, d = self.inputs or {}, self.d_model
+        if "patch" in settings:  # the patch projection (Shifted Patch Tokenization: 5 views), [CLS]
+            width = (5 if settings.get("shifted") else 1) * settings.get("channels", 3) * settings["patch"] ** 2
+            return width * d + d + d + (2 * width if settings.get("shifted") else 0)
+        if "n_mels" in settings:
+            return 3 * settings["n_mels"] * d + 3 * d * d + 2 * d
+        return 0
+
+    def _rnn_parts(self) -> dict[str, int]:
+        """``parameter_parts`` of arch rnn (nn/rnn.py): the cells of both stacks, the decoder's
+        attention, output layer and bridge, and the vocabulary."""
+        r, d = self.rnn, self.d_model
+        gates = 4 if r["cell"] == "lstm" else 3
+        directions = 2 if r["bidirectional"] else 1
+        hidden, size, kind = r["hidden"], r["decoder_hidden"], r["attention"]
+        memory = hidden * directions
+
+        def cell(inputs: int, units: int) -> int:  # one layer, one direction: W_ih, W_hh, two biases
+            return gates * units * (inputs + units + 2)
+
+        layers = directions * (cell(d, hidden) + (self.n_layers - 1) * cell(memory, hidden))
+        fed = d if r["input_feeding"] else 0 if kind == "luong" else memory
+        layers += cell(d + fed, size) + (self.decoder_layers - 1) * cell(size, size)
+        layers += {"bahdanau": size * size + memory * size + size + size,
+                   "luong": memory * size if r["score"] == "general" else 0}.get(kind, 0)
+        layers += (memory + size + (0 if kind == "luong" else d)) * d + d
+        states = self.decoder_layers * size * (2 if gates == 4 else 1)
+        layers += memory * states + states if r["bridge"] else 0
+        return {"layers": layers, "experts": 0, "vocabulary": self._vocabulary_parameters(), "positions": 0,
+                "inputs": 0}
+
     # presets ---------------------------------------------------------------------------------
 
     @classmethod
@@ -266,6 +383,69 @@ def check_positional(cfg: "ModelConfig") -> None:
     problem = POSITIONS[cfg.positional].check(cfg) if cfg.arch != "rnn" else None  # an RNN has no positions
     if problem:
         raise AtencionError(problem)
+
+
+# Memory, counted before anything is allocated (ModelConfig.memory_estimate, check_memory). Training in
+# fp32 holds each parameter, its gradient and Adam's two moments; loading holds the parameter alone.
+TRAIN_BYTES, LOAD_BYTES = 16, 4
+# The Python objects of one Transformer block (about 49 KB measured) and of one expert (about 8 KB),
+# whatever their width: counted so that a million narrow layers are refused, not built for an hour.
+BLOCK_OBJECT_BYTES, EXPERT_OBJECT_BYTES = 40_000, 6_000
+
+
+def machine_memory() -> int | None:
+    """The bytes of memory this machine (or the container's cgroup limit, if lower) has; None when
+    neither can be read. The total, not what is free now: what no model larger than it can fit in."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for path, scale in (("/sys/fs/cgroup/memory.max", 1), ("/proc/meminfo", 1024)):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        if path.endswith("meminfo"):
+            found = re.search(r"^MemTotal:\s+(\d+)", text, re.M)
+            sizes += [int(found.group(1)) * scale] if found and not sizes else []
+        elif text.strip().isdigit():
+            sizes.append(int(text.strip()))
+    return min(sizes) if sizes else None
+
+
+def human_bytes(count: float) -> str:
+    """``count`` bytes in decimal units, two significant digits: 16 TB, 24 GB, 512 MB."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB"):
+        if count < 1000 or unit == "EB":
+            return f"{count:.2g} {unit}" if count < 10 else f"{count:.0f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def check_memory(cfg: ModelConfig, bytes_per_parameter: int, memory: int | None, doing: str,
+                 where: str = "this machine", without: tuple[str, ...] = ()) -> None:
+    """Refuse, in one line with the figures, a model whose estimate (``ModelConfig.memory_parts``,
+    less the parts named in ``without``) exceeds ``memory`` bytes (``where`` has them; None:
+    unknown, nothing refused), before anything is built: a config of 10^12 parameters otherwise
+    fails its allocation with a traceback, or hangs. ``doing``: what the bytes are for ("to train")."""
+    parts = {part: size for part, size in cfg.memory_parts(bytes_per_parameter).items() if part not in without}
+    needed = sum(parts.values())
+    if memory is None or needed <= memory:
+        return
+    largest = max(parts, key=parts.get)
+    mostly = {"layers": f"the layers: n_layers {cfg.n_layers}, d_model {cfg.d_model}, d_ff {cfg.d_ff}",
+              "experts": f"the experts: moe.experts {(cfg.moe or {}).get('experts')}, d_ff {cfg.d_ff}",
+              "vocabulary": f"the vocabulary: vocab_size {cfg.vocab_size}, d_model {cfg.d_model}",
+              "positions": f"the positions: max_positions {cfg.max_positions}, positional {cfg.positional}",
+              "inputs": f"the inputs: {cfg.inputs}"}[largest]
+    count = sum(size for part, size in cfg.parameter_parts().items() if part not in without)
+    mantissa, exponent = f"{count:.1e}".split("e")
+    raise AtencionError(f"model: about {mantissa}e{int(exponent)} parameters in {sum(cfg._stack_depths()):,} "
+                        f"layers ({human_bytes(needed)} {doing}; most of it {mostly}); {where} has "
+                        f"{human_bytes(memory)}: make the model smaller")
+
+
 ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
 TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
 

@@ -53,6 +53,7 @@ OPERATORS = (MIN, MAX, MED, SUM_MOD)  # in LRA's order: random.choice picks by p
 VALUES = range(10)
 VALUE_P = 0.25                        # below max_depth, a node is an operator with this probability
 SPLITS = ("train", "valid", "test")
+COUNTED_LENGTH = 4096                 # ListOpsRecipe.distinct_trees counts trees up to this many tokens
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,36 @@ class ListOpsRecipe:
         if self.max_length < self.min_length + 2:
             raise AtencionError(f"--max-length must be at least --min-length + 2 (a tree has more than min and "
                                 f"fewer than max tokens), got {self.max_length} with --min-length {self.min_length}")
+
+    def distinct_trees(self) -> int:
+        """How many distinct trees (so distinct texts: the text spells the tree) the recipe allows,
+        counted by length without drawing one: more examples than this cannot be drawn, each text
+        once, and would be searched for until the patience runs out. Exact up to 10^15, where the
+        count is saturated (no run asks for so many), and so is a recipe whose trees reach past
+        COUNTED_LENGTH tokens: such a tree holds over a thousand digits, each one of ten."""
+        import numpy as np
+
+        longest = 1
+        for _ in range(self.max_depth - 1):  # the longest tree: every operator with max_args arguments
+            longest = min(self.max_args * longest + 2, COUNTED_LENGTH + 1)
+        cap, width = 1e15, min(self.max_length, longest + 1)  # lengths 0 … width - 1: no tree is longer
+        if width > COUNTED_LENGTH:
+            return int(cap)
+        leaf = np.zeros(width)
+        leaf[1] = len(VALUES)
+        trees = leaf  # the trees of one level: a digit
+        for _ in range(self.max_depth - 1):  # one level more each time: a digit, or an operator over trees
+            rows, lists = trees, np.zeros(width)  # sequences of k subtrees, k = 1, 2, …; their sum over k >= 2
+            for _ in range(2, self.max_args + 1):
+                rows = np.minimum(np.convolve(rows, trees)[:width], cap)
+                lists += rows
+            deeper = leaf.copy()
+            deeper[2:] += len(OPERATORS) * lists[:-2]  # the operator and the closing bracket: two tokens more
+            deeper = np.minimum(deeper, cap)
+            if np.array_equal(deeper, trees):  # every length counted in full (or past the cap): no level adds one
+                break
+            trees = deeper
+        return int(trees[self.min_length + 1:self.max_length].sum().clip(max=cap))
 
 
 def apply(operator: str, args: list[int]) -> int:
@@ -143,6 +174,7 @@ def write_listops(out: str | Path, sizes: dict[str, int] | None = None, seed: in
     for split in SPLITS:
         if isinstance(sizes.get(split), bool) or not isinstance(sizes.get(split), int) or sizes[split] < 1:
             raise AtencionError(f"--{split} must be an integer >= 1, got {sizes.get(split)!r}")
+    _check_enough_trees(sizes, recipe)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AtencionError(f"{out}: is a file; expected a directory")
@@ -167,6 +199,18 @@ def write_listops(out: str | Path, sizes: dict[str, int] | None = None, seed: in
         bar.close()
     report["seconds"] = round(time.perf_counter() - start, 1)
     return report
+
+
+def _check_enough_trees(sizes: dict[str, int], recipe: ListOpsRecipe) -> None:
+    """Refuse, in one line, more examples than the recipe has distinct trees (the splits share no
+    text): the draws would go on until the patience ran out, an hour or more, for nothing."""
+    asked, there = sum(sizes[split] for split in SPLITS), recipe.distinct_trees()
+    if asked > there:
+        counts = " ".join(f"--{split} {sizes[split]:,}" for split in SPLITS)
+        raise AtencionError(f"{counts}: {asked:,} distinct examples asked, but only {there:,} trees have more than "
+                            f"{recipe.min_length} and fewer than {recipe.max_length} tokens (--max-depth "
+                            f"{recipe.max_depth}, --max-args {recipe.max_args}); ask for fewer or widen "
+                            f"--min-length/--max-length")
 
 
 PREFIX_SPLITS = ("train", "valid")  # what write_prefixes cuts: the test set is read whole

@@ -39,8 +39,9 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-def count(minimum: int = 1) -> Rule:
-    return lambda v: None if _is_int(v) and v >= minimum else f"a whole number ≥ {minimum}"
+def count(minimum: int = 1, most: int | None = None) -> Rule:
+    expected = f"a whole number ≥ {minimum}" if most is None else f"a whole number from {minimum} to {most:,}"
+    return lambda v: None if _is_int(v) and v >= minimum and (most is None or v <= most) else expected
 
 
 def positive() -> Rule:
@@ -120,13 +121,15 @@ def label_ids() -> Rule:
                       else "an object from label names to label ids (whole numbers ≥ 0)")
 
 
-COUNTS = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
-          "max_position_embeddings", "n_embd", "n_head", "n_layer", "n_positions", "d_model", "d_ff", "d_kv",
-          "num_heads", "num_layers", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+# layers: transformers lists each layer's kind while it reads the file (10^9 layers: minutes and gigabytes)
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers")
+MOST_LAYERS = 10_000  # the deepest published models have a few hundred
+COUNTS = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
+          "max_position_embeddings", "n_embd", "n_head", "n_positions", "d_model", "d_ff", "d_kv",
+          "num_heads", "encoder_attention_heads",
           "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "relative_attention_num_buckets",
           "relative_attention_max_distance", "num_channels", "num_labels", "type_vocab_size")
-OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "n_inner", "num_decoder_layers", "sliding_window",
-                   "decoder_vocab_size")
+OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "n_inner", "sliding_window", "decoder_vocab_size")
 RATES = ("attention_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout",
          "dropout_rate", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "activation_dropout")
 POSITIVES = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rotary_emb_base")
@@ -140,6 +143,7 @@ FED_IDS = ("pad_token_id", "decoder_start_token_id")  # ids the model reads as i
 
 RULES: dict[str, Rule] = {
     **dict.fromkeys(COUNTS, count()), **dict.fromkeys(OPTIONAL_COUNTS, optional(count())),
+    **dict.fromkeys(LAYERS, count(1, MOST_LAYERS)), "num_decoder_layers": optional(count(1, MOST_LAYERS)),
     **dict.fromkeys(RATES, rate()), **dict.fromkeys(POSITIVES, positive()),
     **dict.fromkeys(SWITCHES, switch()), **dict.fromkeys(TEXTS, text()), **dict.fromkeys(TOKEN_IDS, token_ids()),
     "max_window_layers": count(0), "rotary_pct": fraction(), "partial_rotary_factor": fraction(),

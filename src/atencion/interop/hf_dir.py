@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import AtencionError
-from ..nn.model_dir import CONFIG_FILE, INDEX_FILE, model_from_tensors, weights_files
+from ..nn.model_dir import CONFIG_FILE, INDEX_FILE, check_size, model_from_tensors, weights_files
 from . import IMPORTERS, from_hf
 from .hf_config import read_checked
 
@@ -176,6 +176,8 @@ def read_model(directory: Path) -> nn.Module:
         return _through_transformers(directory, architecture)
     cfg = _import_config(module, directory, architecture)
     state = Checkpoint(directory, getattr(module, "TIED", {}))
+    check_size(cfg, sum(path.stat().st_size for path in weights_files(directory)), state.where,
+               directory / CONFIG_FILE)  # before the family's name map lists every layer's tensors
     try:
         cfg, tensors = module.import_state(cfg, state)
     except KeyError as err:

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, human_bytes
 from ..data.tokenizer import INFO_FILE, Tokenizer
 from ..devices import resolve_device
 from ..errors import AtencionError, MissingFileError
@@ -124,6 +124,18 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
+def check_size(cfg: ModelConfig, held: int, where: os.PathLike, config: os.PathLike) -> None:
+    """Refuse, before the model is built, a config that describes far more parameters than the
+    ``held`` bytes of its weights (``where``) can hold at one byte or more each (10^9 layers or a
+    vocabulary of 10^12 would hang the build or fail its allocation; ``ModelConfig.memory_estimate``
+    counts them without building anything): the two files come from different models, or one was
+    edited."""
+    needed = cfg.memory_estimate(1)  # parameters, at a byte each, and what is not a weight
+    if needed > 2 * held + (64 << 20):  # room for buffers and the blocks' objects
+        raise AtencionError(f"{config}: describes a model of about {cfg.parameter_estimate():.1e} parameters, but "
+                            f"{where} holds {human_bytes(held)}; the files come from different models")
+
+
 def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.PathLike, config: os.PathLike,
                        expect: type | None = None) -> nn.Module:
     """The model of ``cfg`` holding ``tensors`` (one per parameter or saved buffer; tied
@@ -133,6 +145,7 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor], where: os.P
     ``where`` (the weights) and ``config`` name the files in messages: a missing or unexpected
     tensor, a shape the config does not give, a non-finite value. ``expect``: refuse, in one
     line, a model that is not of this class."""
+    check_size(cfg, sum(t.numel() * t.element_size() for t in tensors.values()), where, config)
     with _parameters_on_meta():
         model = build_model(cfg)
     _check_class(model, config, expect)

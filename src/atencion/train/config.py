@@ -6,6 +6,7 @@ configs/reference.yaml documents every key and its default.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..config import PRESETS, TWO_STACKS, ModelConfig
+from ..config import LOAD_BYTES, PRESETS, TRAIN_BYTES, TWO_STACKS, ModelConfig, check_memory, machine_memory
 from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
@@ -450,9 +451,42 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
+    check_model_fits(cfg, built, source, vocabulary=False)  # again with the tokenizer's, before the model is built
     if t.activation_checkpointing and built.arch == "rnn":
         raise AtencionError(f"{source}: train.activation_checkpointing recomputes Transformer blocks; arch rnn has "
                             f"none")
+
+
+def check_model_fits(cfg: TrainConfig, model: ModelConfig, source: str | None, vocabulary: bool = True) -> None:
+    """Refuse, in one line with the figures (after ``source``, if any) and before anything is built,
+    a model that cannot be built in this machine's memory (every model is built on the CPU first)
+    or trained on the run's device (its weights, gradients and Adam's two moments). Without
+    ``vocabulary`` its token tables are left out: before the tokenizer is trained, data.vocab_size
+    is the most it may hold, not what it holds (a corpus of 40 symbols gives 40 whatever it says)."""
+    without = () if vocabulary else ("vocabulary",)
+    try:
+        memory, where = _training_memory(cfg.train)
+        check_memory(model, TRAIN_BYTES, memory, "to train: weights, gradients, Adam's two moments", where, without)
+        check_memory(model, LOAD_BYTES, machine_memory(), "to build", without=without)
+    except AtencionError as err:
+        raise AtencionError(f"{source}: {err}" if source else str(err)) from None
+
+
+def _training_memory(t) -> tuple[int | None, str]:
+    """The bytes the run trains in, and where they are: the GPU's (under train.distributed fsdp,
+    all the processes' GPUs together: each holds a share), else this machine's."""
+    import torch
+
+    device = t.device if t.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return machine_memory(), "this machine"
+    index = int(device.partition(":")[2] or os.environ.get("LOCAL_RANK", "0"))
+    try:
+        memory = torch.cuda.get_device_properties(min(index, torch.cuda.device_count() - 1)).total_memory
+    except (RuntimeError, AssertionError):
+        return None, "the GPU"  # resolve_device names what is wrong with the device
+    world = int(os.environ.get("WORLD_SIZE", "1")) if t.distributed == "fsdp" else 1
+    return memory * world, f"the GPU ({device})" if world == 1 else f"the {world} GPUs"
 
 
 def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str, virtual: int = 0) -> None:
