@@ -146,6 +146,20 @@ def test_a_model_with_non_finite_weights_is_refused_on_load(model_dir, tmp_path,
     assert unchanged(before) and not (tmp_path / "out.txt").exists()
 
 
+@pytest.mark.parametrize("changes", [{"n_layers": 10**6}, {"n_layers": 10**9}, {"vocab_size": 10**12},
+                                     {"d_ff": 10**11}, {"moe": {"experts": 10**7}}])
+def test_a_config_far_larger_than_its_weights_is_refused_on_load_before_anything_is_built(model_dir, tmp_path, capsys,
+                                                                                          changes):
+    edited = copy_dir(model_dir, tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, **changes}))
+    (tmp_path / "in.txt").write_text("uno dos\n")
+    started = time.monotonic()
+    line = fault(["translate", "--model", str(edited), "--input", str(tmp_path / "in.txt")], capsys)
+    assert str(edited / "config.json") in line and "different models" in line, line
+    assert time.monotonic() - started < 30  # refused from the numbers, not after building the model
+
+
 def test_decoding_a_model_that_gives_nan_scores_is_an_error_not_missing_lines(model_dir):
     from atencion.decode.translate import translate_lines
     from atencion.errors import AtencionError
@@ -927,3 +941,285 @@ def test_ctrl_c_while_the_command_loads_torch_says_interrupted_not_a_traceback(t
                              timeout=120)
     assert process.returncode == 130, process.stderr
     assert process.stderr.strip() == "atencion presets: interrupted", process.stderr
+
+
+# 11. sizes and counts before allocation (issue #52, class 7) -----------------------------------------
+
+GB = 10 ** 9
+
+
+@pytest.mark.parametrize("sets", [
+    ["model.d_model=1000000", "model.n_heads=2"],               # 1.2e13 parameters
+    ["model.n_layers=1000000"],                                  # 2,000,000 blocks
+    ["model.d_model=2", "model.n_heads=1", "model.d_ff=2", "model.n_layers=300000"],  # narrow: their objects
+    ["model.d_ff=1000000000"],
+    ["model.moe={experts: 10000000}"],
+    ["model.moe={experts: 10000000}", "model.d_model=2", "model.n_heads=1", "model.d_ff=1"],
+    ["model.positional=learned", "model.max_positions=1000000000"],
+    ["model.max_positions=1000000000"],                          # the sinusoid tables
+    ["model.n_heads=1000000", "model.d_model=1000000"],
+])
+def test_a_model_larger_than_the_machine_is_refused_with_its_size_before_anything_is_built(
+        tmp_path, corpus, capsys, monkeypatch, sets):
+    import atencion.train.config
+
+    monkeypatch.setattr(atencion.train.config, "machine_memory", lambda: 24 * GB, raising=False)
+    config = write_config(tmp_path / "c.yaml", corpus)
+    started = time.perf_counter()
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), *(f"--set={s}" for s in sets)], capsys)
+    assert time.perf_counter() - started < 30
+    assert f"{config}: model: about " in line and " parameters in " in line and "this machine has 24 GB" in line
+    assert "to train" in line and not (tmp_path / "run").exists()
+
+
+def test_a_model_no_machine_holds_is_refused_by_the_real_memory_too(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus)
+    line = fault(["train", str(config), "--out", str(tmp_path / "run"), "--set=model.d_model=1000000"], capsys)
+    assert "about 1.2e13 parameters" in line and "192 TB to train" in line and "this machine has" in line
+
+
+def test_the_size_estimate_is_the_parameter_count_of_the_built_model():
+    """One place counts the parameters from the config (ModelConfig.parameter_estimate): it is the
+    count of the model built on the meta device, for every preset and the variants of the fields."""
+    from atencion.config import PRESETS, PUBLISHED, ModelConfig
+    from atencion.nn.model_dir import build_model
+
+    cases = [(name, {"vocab_size": PUBLISHED.get(name, (1000,))[0]}) for name in PRESETS
+             if name not in ("vit-base", "vit-tiny", "whisper-tiny")]
+    cases += [("vit-base", {}), ("whisper-tiny", {"tgt_vocab_size": 51865}),
+              ("vit-tiny", {"inputs": {"kind": "patches", "patch": 4, "size": [32, 32], "shifted": True},
+                            "max_positions": 65}),
+              ("tiny", {"vocab_size": 100, "moe": {"experts": 4}}),
+              ("tiny", {"vocab_size": 100, "moe": {"experts": 3, "layers": "every_other"}, "n_layers": 3}),
+              ("tiny", {"vocab_size": 100, "share_embeddings": False, "tie_output": False, "tgt_vocab_size": 200}),
+              ("gpt-tiny", {"vocab_size": 100, "d_ff": 0, "embedding_norm": True, "positional": "alibi"}),
+              ("bert-tiny", {"vocab_size": 100, "num_labels": 3, "pooler": True}),
+              ("bert-tiny", {"vocab_size": 100, "attention": {"kind": "linformer", "proj_len": 16, "sharing": "none"}}),
+              ("llama-tiny", {"vocab_size": 100, "qkv_bias": True, "output_bias": True}),
+              ("tiny", {"vocab_size": 100, "arch": "rnn"}),
+              ("tiny", {"vocab_size": 100, "arch": "rnn", "n_layers": 2,
+                        "rnn": {"cell": "lstm", "attention": "luong"}})]
+    for name, values in cases:
+        cfg = ModelConfig.preset(name, **values)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in build_model(cfg).parameters())
+        assert cfg.parameter_estimate() == built, (name, values)
+
+
+def test_the_memory_check_leaves_the_presets_and_small_runs_alone(tmp_path, corpus):
+    """A 7B model still builds on the meta device and lists in `atencion presets` whatever the
+    machine; only training and building for real are checked."""
+    from atencion.config import LOAD_BYTES, TRAIN_BYTES, ModelConfig, check_memory
+    from atencion.errors import AtencionError
+    from atencion.nn.model_dir import build_model
+
+    mistral = ModelConfig.preset("mistral-7b", vocab_size=32000)
+    with torch.device("meta"):
+        assert build_model(mistral).num_parameters() == mistral.parameter_estimate()
+    check_memory(mistral, LOAD_BYTES, 40 * GB, "to load")
+    with pytest.raises(AtencionError, match=r"about 7.2e9 parameters in 32 layers \(116 GB to train"):
+        check_memory(mistral, TRAIN_BYTES, 40 * GB, "to train")
+    check_memory(mistral, TRAIN_BYTES, None, "to train")  # memory unknown: nothing refused
+    config = write_config(tmp_path / "c.yaml", corpus, max_steps=1)  # data.vocab_size bounds the tokenizer's:
+    assert main(["train", str(config), "--out", str(tmp_path / "run"), "--set=data.vocab_size=1000000000"]) == 0
+    assert json.loads((tmp_path / "run" / "best" / "config.json").read_text())["vocab_size"] < 1000  # the corpus's
+
+
+LISTOPS_TOO_MANY = [
+    (["--train", "100000", "--min-length", "1", "--max-length", "6"], "104,000 distinct examples asked, but only "
+                                                                       "4,400 trees"),
+    (["--train", "11", "--valid", "1", "--test", "1", "--min-length", "0", "--max-length", "2"], "only 10 trees"),
+    (["--train", "5", "--valid", "1", "--test", "1", "--min-length", "1", "--max-length", "4"], "only 0 trees"),
+    (["--train", "4400", "--valid", "1", "--test", "1", "--min-length", "3", "--max-length", "9", "--max-depth", "2",
+      "--max-args", "3"], "4,402 distinct examples asked, but only 4,400 trees"),
+    (["--train", "20", "--valid", "1", "--test", "1", "--min-length", "0", "--max-length", "2000", "--max-depth",
+      "1"], "only 10 trees"),
+]
+
+
+@pytest.mark.parametrize("args, message", LISTOPS_TOO_MANY)
+def test_listops_refuses_more_examples_than_distinct_trees_at_once(tmp_path, capsys, args, message):
+    from atencion.data.listops import main as listops_main
+
+    started = time.perf_counter()
+    assert listops_main([str(tmp_path / "data"), *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err and "--min-length/--max-length" in err, err
+    assert time.perf_counter() - started < 10 and not (tmp_path / "data").exists()
+
+
+def test_the_distinct_trees_are_counted_exactly_and_all_of_them_can_be_drawn():
+    import random
+
+    from atencion.data.listops import ListOpsRecipe, draw_examples
+
+    def enumerated(recipe: ListOpsRecipe) -> int:  # every tree spelt out, for recipes small enough
+        def trees(level: int) -> list[list[str]]:
+            found = [[str(v)] for v in range(10)]
+            if level < recipe.max_depth:
+                below = [t for t in trees(level + 1) if len(t) < recipe.max_length]
+                lists = [[]]
+                for k in range(1, recipe.max_args + 1):
+                    lists = [a + b for a in lists for b in below if len(a) + len(b) + 2 < recipe.max_length]
+                    found += [[op, *args, "]"] for op in ("[MIN", "[MAX", "[MED", "[SM") for args in lists] \
+                        if k >= 2 else []
+            return found
+        return len({" ".join(t) for t in trees(1) if recipe.min_length < len(t) < recipe.max_length})
+
+    for recipe in [ListOpsRecipe(1, 6), ListOpsRecipe(3, 9, max_depth=2, max_args=3),
+                   ListOpsRecipe(0, 8, max_depth=3, max_args=2), ListOpsRecipe(0, 2), ListOpsRecipe(1, 4)]:
+        assert recipe.distinct_trees() == enumerated(recipe), recipe
+    small = ListOpsRecipe(0, 5, max_depth=2, max_args=2)  # 10 digits and 400 two-digit operators
+    assert small.distinct_trees() == 410 == len(list(draw_examples(410, random.Random(0), small, set())))
+    assert ListOpsRecipe().distinct_trees() == 10 ** 15  # LRA's recipe: past any count asked
+
+
+# 12. friction (issue #52, class 10) ------------------------------------------------------------------
+
+def decoder_dir(path: Path, vocabulary: int, max_positions: int, **model) -> Path:
+    """A random 2-layer GPT with learned positions and a character vocabulary of ``vocabulary``
+    regular tokens, saved as a model directory."""
+    from atencion import ModelConfig, Transformer
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.nn.model_dir import save_model_dir
+
+    tokenizer = Tokenizer.train_text(["".join(chr(0x4E00 + i) for i in range(vocabulary)) + "\n"], kind="char")
+    cfg = ModelConfig(**{"vocab_size": tokenizer.vocab_size, "arch": "decoder", "n_layers": 2, "d_model": 16,
+                         "n_heads": 2, "d_ff": 32, "dropout": 0.0, "positional": "learned",
+                         "max_positions": max_positions, "norm_first": True, **model})
+    torch.manual_seed(0)
+    save_model_dir(path, Transformer(cfg).eval(), tokenizer)
+    return path
+
+
+def test_induction_fits_its_length_to_the_model_and_names_length_and_context_when_they_do_not_fit(
+        tmp_path, capsys):
+    model = str(decoder_dir(tmp_path / "gpt128", vocabulary=120, max_positions=128))
+    assert main(["induction", "--model", model, "--rows", "2"]) == 0  # its defaults on a 128-position model
+    assert json.loads(capsys.readouterr().out)["length"] == 64
+    line = fault(["induction", "--model", model, "--length", "100"], capsys)
+    assert "--length 100" in line and "max_positions=128" in line and "--length 64 or less" in line
+    line = fault(["induction", "--model", model, "--length", "65", "--rows", "1"], capsys)
+    assert "--length 65" in line and "2 × --length = 130 tokens" in line
+    small = decoder_dir(tmp_path / "few-tokens", vocabulary=20, max_positions=128)
+    regular = json.loads((small / "config.json").read_text())["vocab_size"] - 4  # the ids below 4 are special
+    assert main(["induction", "--model", str(small), "--rows", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["length"] == regular
+    line = fault(["induction", "--model", str(small), "--length", "30"], capsys)
+    assert "--length 30" in line and f"{regular} regular ones" in line and f"--length {regular} or less" in line
+    (tmp_path / "text.txt").write_text(chr(0x4E00) * 2000 + "\n", encoding="utf-8")
+    for context, message in [("512", "--context 512: rows of --text of 512 tokens pass the model's learned positions, "
+                                     "which stop at max_positions=128"),
+                             ("100", "--context 100: the in-context learning score compares tokens 50 and 500")]:
+        line = fault(["induction", "--model", model, "--text", str(tmp_path / "text.txt"), "--context", context],
+                     capsys)
+        assert message in line, line
+
+
+@pytest.mark.parametrize("kind", ["prefix", "prompt"])
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_induction_scores_a_model_adapted_by_virtual_tokens(tmp_path, capsys, kind, positional):
+    """Its scores are the tokens' (a prompt's places and a prefix's keys left out); was a RuntimeError."""
+    import numpy as np
+
+    from atencion import ModelConfig, Transformer
+    from atencion.nn.model_dir import load_model_dir, save_model_dir, weights_checksum
+    from atencion.nn.prefix import PrefixSpec, PromptSpec, apply_virtual
+
+    base = decoder_dir(tmp_path / "base", vocabulary=40, max_positions=64)
+    model, tokenizer = load_model_dir(base)
+    if positional == "rope":
+        model = Transformer(ModelConfig.from_dict({**model.cfg.to_dict(), "positional": "rope"})).eval()
+        save_model_dir(tmp_path / "rope", model, tokenizer)
+        base = tmp_path / "rope"
+    spec = PrefixSpec(5, projection=True) if kind == "prefix" else PromptSpec(5)
+    apply_virtual(model, spec, base, weights_checksum(base))
+    save_model_dir(tmp_path / "adapted", model, tokenizer)
+    assert main(["induction", "--model", str(tmp_path / "adapted"), "--rows", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    regular = model.cfg.vocab_size - 4  # the ids below 4 are special
+    longest = 29 if positional == "learned" else regular  # 2 × 29 + 5 virtual places <= 64
+    assert report["length"] == longest and np.isfinite(report["copying"]).all()
+    assert np.array(report["prefix_matching"]).shape == (2, 2)
+    line = fault(["induction", "--model", str(tmp_path / "adapted"), "--length", str(longest + 1)], capsys)
+    assert f"--length {longest + 1}" in line and f"--length {longest} or less" in line
+
+
+@pytest.mark.parametrize("extra", [["--draft-tokens", "4"], ["--draft-tokens", "8"], ["--draft-tokens=1"],
+                                   ["--draft-tokens", "2", "--num-samples", "2"]])
+def test_draft_tokens_without_draft_is_refused_naming_both_options(tmp_path, capsys, extra):
+    model = str(decoder_dir(tmp_path / "gpt", vocabulary=20, max_positions=64))
+    argv = ["generate", "--model", model, "--prompt", chr(0x4E00), "--max-new-tokens", "2", "--seed", "0"]
+    line = fault([*argv, *extra], capsys)
+    assert line.startswith("atencion generate: error: --draft-tokens ") and "--draft DIR" in line
+    assert main([*argv, "--draft", model]) == 0  # --draft alone: its default, 4 tokens a round
+    assert main([*argv, "--draft", model, *extra]) == 0
+    serve_extra = extra[:2] if len(extra) > 2 else extra  # serve has no --num-samples
+    line = fault(["serve", "--model", model, "--port", "0", *serve_extra], capsys)  # refused before anything is served
+    assert line.startswith("atencion serve: error: --draft-tokens ") and "--draft DIR" in line
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"n_kv_heads": 1}, "this model's 2 query heads share 1 (grouped-query attention, n_kv_heads 1)"),
+    ({"n_heads": 4, "n_kv_heads": 2}, "this model's 4 query heads share 2 (grouped-query attention"),
+    ({"attention": {"kind": "window", "window": 4}}, "this model's is attention.kind 'window'"),
+    ({"attention": {"kind": "flash"}}, "this model's is attention.kind 'flash'"),
+])
+def test_prefix_tuning_a_model_it_cannot_adapt_says_what_it_does_adapt(tmp_path, capsys, pretrained, model, message):
+    from atencion.errors import AtencionError
+    from atencion.nn.model_dir import load_model_dir
+    from atencion.nn.prefix import PrefixSpec, apply_virtual
+
+    base = decoder_dir(tmp_path / "base", vocabulary=40, max_positions=64, **model)
+    with pytest.raises(AtencionError) as refused:
+        apply_virtual(load_model_dir(base)[0], PrefixSpec(2), base, "0" * 64)
+    assert message in str(refused.value) and "None" not in str(refused.value)
+    assert "train.prefix adapts models whose " in str(refused.value)
+    assert str(refused.value).endswith(": use train.prompt or train.lora")
+    text = tmp_path / "text.txt"
+    text.write_text(chr(0x4E00 + 4) * 400 + "\n", encoding="utf-8")
+    config = task_config(tmp_path / "c.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                         data__block_size=16, train__init_from=base, train__prefix="{length: 2}")
+    line = fault(["train", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert f"train.init_from {base}: train.prefix adapts models" in line and message in line
+    assert not (tmp_path / "run").exists()
+
+
+def refused_run_cases(tmp_path: Path, pretrained) -> list[tuple[Path, list[str]]]:
+    """Configs refused once their run has started (the data read, the model built), each with its sets."""
+    text, valid = tmp_path / "text.txt", tmp_path / "valid.txt"
+    text.write_text("".join(s + "\n" for s in task_sentences(300)), encoding="utf-8")
+    valid.write_text("\ufeff\n\u200b\n" * 5, encoding="utf-8")
+    return [
+        (task_config(tmp_path / "tail.yaml", "lm", data__train_text=text, data__tokenizer="char",
+                     data__block_size=32, model__max_positions=32, data__valid_fraction=0.00001), []),
+        (task_config(tmp_path / "valid.yaml", "mlm", data__train_text=text, data__valid_text=valid,
+                     data__vocab_size=60), []),
+        (task_config(tmp_path / "big.yaml", "lm", data__train_text=pretrained["text"], data__tokenizer="char",
+                     data__block_size=16, train__init_from=pretrained["gpt"]), ["memory"]),
+    ]
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+@pytest.mark.parametrize("out", ["new", "new/deeper/run", "empty"])
+def test_a_run_refused_as_it_starts_takes_back_the_out_directory_it_made(tmp_path, capsys, monkeypatch, pretrained,
+                                                                         case, out):
+    import atencion.train.config
+
+    config, sets = refused_run_cases(tmp_path, pretrained)[case]
+    if "memory" in sets:  # the init_from model, too large for a machine of 100 kB: found when the run starts
+        monkeypatch.setattr(atencion.train.config, "machine_memory", lambda: 100_000, raising=False)
+    (tmp_path / "empty").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = fault(["train", str(config), "--out", str(tmp_path / out)], capsys)
+    assert line.startswith("atencion train: error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not any((tmp_path / "empty").iterdir())
+
+
+def test_a_refused_run_keeps_a_directory_that_held_a_run_before(tmp_path, capsys, pretrained):
+    config, _ = refused_run_cases(tmp_path, pretrained)[0]
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text("{}\n")  # an earlier run, stopped before its first checkpoint
+    fault(["train", str(config), "--out", str(out)], capsys)
+    assert out.is_dir() and (out / "run.json").is_file()

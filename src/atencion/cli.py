@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from .allocator import keep_freed_memory
 from .errors import AtencionError, Interrupted
 from .interrupt import remembering_ctrl_c
+from .torchrun import say
 
 if TYPE_CHECKING:
     from .decode.settings import DecodeConfig
@@ -24,7 +25,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (the usage is one --help away)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        text = f"{message} (see {self.prog} --help)"
+        say(f"{self.prog}: error: {text}", 2, text)  # once under torchrun (torchrun.py)
+        self.exit(2)
 
 
 def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | None = None):
@@ -217,9 +220,25 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
                         "that --model verifies, several per pass; the text comes from --model's own distribution "
                         "(greedy: the same text), faster when the draft often agrees (default: off)")
-    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64), default=4,
-                   help="tokens the draft proposes per round (default: 4)")
+    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64),
+                   help=f"with --draft: tokens the draft proposes per round (default: {DRAFT_TOKENS})")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+DRAFT_TOKENS = 4  # --draft-tokens' default, with --draft
+
+
+def draft_tokens_of(args: argparse.Namespace) -> int | None:
+    """--draft-tokens, with its default when --draft is given (None without --draft): refused in
+    one line when given without --draft, whose option it is, rather than ignored in silence.
+    For every command with both options (generate, serve); their parsers leave its default None."""
+    if args.draft is None:
+        if args.draft_tokens is not None:
+            raise AtencionError(f"--draft-tokens {args.draft_tokens}: the tokens a draft model proposes per round "
+                                f"of speculative decoding, which needs --draft DIR; give --draft or leave out "
+                                f"--draft-tokens")
+        return None
+    return DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -233,9 +252,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     (Leviathan et al. 2023): --verbose logs its acceptance rate and tokens/s on stderr."""
     from .tasks.lm import generate_to
 
+    draft_tokens = draft_tokens_of(args)  # before the model is read
     generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
                 args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), chat=args.chat,
-                draft=args.draft, draft_tokens=args.draft_tokens)
+                draft=args.draft, draft_tokens=draft_tokens or DRAFT_TOKENS)
 
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
@@ -427,7 +447,9 @@ def cmd_aer(args: argparse.Namespace) -> None:
 
 def add_induction_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory (a decoder: arch decoder)")
-    p.add_argument("--length", type=POSITIVE, default=100, help="random tokens before they repeat (default: 100)")
+    p.add_argument("--length", type=POSITIVE,
+                   help="random tokens before they repeat, read twice (default: 100, or as many as the model's "
+                        "positions and vocabulary take when fewer)")
     p.add_argument("--rows", type=POSITIVE, default=8, help="repeated sequences scored (default: 8)")
     p.add_argument("--seed", type=COUNT, default=0, help="of the random tokens (default: 0)")
     p.add_argument("--text", help="held-out text: also the in-context learning score (loss at token 500 minus 50)")
@@ -506,8 +528,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "each served decoder proposes tokens that the decoder verifies; the same text (greedy) or "
                         "distribution (sampled) as without it; translators and encoders are served without it "
                         "(default: off)")
-    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64), default=4,
-                   help="tokens the draft proposes per round (default: 4)")
+    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64),
+                   help=f"with --draft: tokens the draft proposes per round (default: {DRAFT_TOKENS})")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
     p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
 
@@ -520,7 +542,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     (one text at a time) for the decoders served."""
     from .serve.run import serve_dirs
 
-    serve_dirs(args.model, args.host, args.port, args.device, args.threads, args.draft, args.draft_tokens,
+    draft_tokens = draft_tokens_of(args)  # before any model is read
+    serve_dirs(args.model, args.host, args.port, args.device, args.threads, args.draft, draft_tokens or DRAFT_TOKENS,
                batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences,
                max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
                max_body_bytes=args.max_body_bytes, max_queue=args.max_queue, timeout_s=args.timeout,
@@ -667,7 +690,7 @@ KNOWN_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.
 
 def _fail(name: str, message, status: int) -> int:
     text = re.sub(r"\s*\n\s*", " ", str(message)).strip()
-    print(f"{name}: {'error: ' if status == 2 else ''}{text}", file=sys.stderr)
+    say(f"{name}: {'error: ' if status == 2 else ''}{text}", status, text)  # once under torchrun (torchrun.py)
     return status
 
 

@@ -174,9 +174,15 @@ def check_fits(model: nn.Module, spec: PrefixSpec | PromptSpec, where: str) -> N
                             f"with inputs {(cfg.inputs or {}).get('kind', 'tokens')!r}")
     if spec.kind == "prompt":
         return
-    if not full_attention(cfg) or cfg.kv_heads not in (None, cfg.n_heads):
-        raise AtencionError(f"{where}: {key} adds keys to eq. (1)'s attention with n_heads key/value heads; this "
-                            f"model has attention {cfg.attention} and kv_heads {cfg.kv_heads}")
+    if not full_attention(cfg):
+        raise AtencionError(f"{where}: {key} adapts models whose self-attention is attention.kind full (the "
+                            f"default), which takes its keys before the tokens'; this model's is attention.kind "
+                            f"{cfg.attention['kind']!r}, which takes none: use train.prompt or train.lora")
+    if cfg.kv_heads != cfg.n_heads:
+        raise AtencionError(f"{where}: {key} adapts models whose every query head has a key/value head of its own "
+                            f"(n_kv_heads equal to n_heads); this model's {cfg.n_heads} query heads share "
+                            f"{cfg.kv_heads} (grouped-query attention, n_kv_heads {cfg.kv_heads}): use train.prompt "
+                            f"or train.lora")
     relative = relative_positions(cfg)
     if relative is not None and not isinstance(relative, RotaryPositions):
         raise AtencionError(f"{where}: {key} keys carry no position; positions {cfg.positional!r} add a bias by "

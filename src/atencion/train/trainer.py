@@ -14,7 +14,8 @@ import math
 import os
 import shlex
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,9 @@ from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_check
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..nn.prefix import apply_virtual, check_fits, spec_from_config, unmergeable
 from ..tasks import Task, make_task
+from ..torchrun import peer_stop
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
-from .config import ADAPTER_KEYS, TrainConfig, check_task_model, dump_config, load_config
+from .config import ADAPTER_KEYS, TrainConfig, check_model_fits, check_task_model, dump_config, load_config
 from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .schedule import build_optimizer, learning_rate
 from .towers import train_towers
@@ -115,6 +117,7 @@ class Trainer:
         if tok is not None and not tok.foreign and \
                 (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
             raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
+        check_model_fits(cfg, model_cfg, f"train.init_from {t.init_from}" if start.shape else None)
         self.model = build_model(model_cfg).to(self.device)
         new_head = self._copy_init_from(start)
         self._adapt(start, new_head)
@@ -315,6 +318,11 @@ class Trainer:
                            f"{err}; {self._where(lower_lr=True)}") from None
         except AtencionError as err:
             raise AtencionError(f"{err}; {self._where()}") from None
+        except RuntimeError as err:  # under torchrun: a collective operation failed, another rank stopped?
+            stop = peer_stop(err)
+            if stop is None:
+                raise
+            raise stop.error(f"at step {self.state['step']}", self._where()) from None
         finally:
             if self._writer is not None:
                 self._writer.close()
@@ -595,6 +603,29 @@ def _where(ckpt_dir: Path, words: list[str], advice: str = "") -> str:
     return f"the last checkpoint is {last[-1]}; continue from it{advice}: {shlex.join(words + ['--resume'])}"
 
 
+@contextmanager
+def _taken_back_if_refused(out: Path) -> Iterator[None]:
+    """Within: a run that is refused while it starts (a config error found once the data is read,
+    a model too large, an adapter that does not fit) takes back what it wrote to ``out``: the
+    directories it created (``out`` and any new parent), or the files it wrote into an ``out``
+    that was empty. A directory that held anything before (an earlier run, the user's files) is
+    left as it is; so is everything on an interruption (its line says how to start over)."""
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # the topmost new one
+    was_empty = created is None and out.is_dir() and not any(out.iterdir())
+    try:
+        yield
+    except Interrupted:
+        raise
+    except AtencionError:
+        if int(os.environ.get("RANK", "0")) == 0:  # the process that wrote there
+            if created is not None and created.is_dir():
+                remove_directory(created)
+            elif was_empty:
+                for entry in out.iterdir():
+                    remove_directory(entry) if entry.is_dir() else entry.unlink()
+        raise
+
+
 def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
           command: list[str] | None = None) -> dict[str, Any]:
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
@@ -605,10 +636,17 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
         return train_towers(cfg, out_dir, resume)
     with remembering_ctrl_c():
         try:
-            trainer = Trainer(cfg, out_dir, resume, command)
+            with _taken_back_if_refused(Path(out_dir)):
+                trainer = Trainer(cfg, out_dir, resume, command)
             check_ctrl_c()
         except KeyboardInterrupt:  # reading the data, training the tokenizer, loading a checkpoint
             words = list(command or ["atencion", "train", "CONFIG", "--out", str(out_dir)])
             raise Interrupted(f"interrupted while the run was starting, before any update; "
                               f"{_where(Path(out_dir) / 'checkpoints', words)}") from None
+        except RuntimeError as err:  # under torchrun: another rank stopped while the run was starting?
+            stop = peer_stop(err)
+            if stop is None:
+                raise
+            words = list(command or ["atencion", "train", "CONFIG", "--out", str(out_dir)])
+            raise stop.error("while the run was starting", _where(Path(out_dir) / "checkpoints", words)) from None
         return trainer.run()

@@ -42,6 +42,8 @@ from torch import Tensor, nn
 
 from ..errors import AtencionError
 from ..nn.attention import repeat_kv
+from ..nn.positional import position_limit
+from ..nn.prefix import places
 
 
 @dataclass
@@ -86,11 +88,14 @@ def _require_decoder(model) -> None:
 
 
 def _head_outputs(model, ids: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-    """Each layer's attention weights (batch, h, t, t) and each head's output through W^O
-    (batch, h, t, d_model), from one forward pass (the inputs of every self-attention captured)."""
-    inputs: list[Tensor] = []
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
-             for layer in model.decoder.layers]
+    """Each layer's attention weights (batch, h, queries, keys) and each head's output through W^O
+    (batch, h, queries, d_model), from one forward pass (the inputs of every self-attention
+    captured, and the prefix keys and values a prefix-tuned model gives it: they come before the
+    tokens' keys, and their values are part of each head's output)."""
+    inputs: list[tuple[Tensor, tuple[Tensor, Tensor] | None]] = []
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda _, args, kwargs: inputs.append((args[0], kwargs.get("prefix"))), with_kwargs=True)
+        for layer in model.decoder.layers]
     try:
         _, attentions = model.hidden(ids, return_attention=True)
     finally:
@@ -101,10 +106,13 @@ def _head_outputs(model, ids: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         raise AtencionError(f"attention.kind {model.cfg.attention['kind']} returns no attention weights to "
                             f"score heads by; use kind full")
     outputs = []
-    for layer, x, w in zip(model.decoder.layers, inputs, weights):
+    for layer, (x, prefix), w in zip(model.decoder.layers, inputs, weights):
         attn = layer.self_attn
         _, _, v = attn._split(attn.in_proj(x))
-        heads = w @ repeat_kv(v, attn.h)                                     # (batch, h, t, d_k)
+        v = repeat_kv(v, attn.h)
+        if prefix is not None:  # the prefix's values, (1, h, length, d_k), before the tokens'
+            v = torch.cat([prefix[1].to(v.dtype).expand(v.size(0), -1, -1, -1), v], dim=2)
+        heads = w @ v                                                        # (batch, h, queries, d_k)
         w_o = attn.out_proj.weight.view(attn.d_model, attn.h, attn.d_k)      # W^O, one slice per head
         outputs.append(torch.einsum("bhtk,dhk->bhtd", heads, w_o))
     return weights, outputs
@@ -123,7 +131,10 @@ def _direct_logits(model, contribution: Tensor) -> Tensor:
 @torch.no_grad()
 def induction_scores(model, length: int = 100, rows: int = 8, seed: int = 0) -> InductionScores:
     """The prefix-matching and copying score of every head (module docstring) on ``rows``
-    sequences of ``length`` random tokens repeated twice."""
+    sequences of ``length`` random tokens repeated twice. A model adapted by virtual tokens
+    (nn/prefix.py) is scored on its tokens: a prompt's places (queries and keys) and a prefix's
+    keys come first and are left out of the scores, and a head that attends most to one of them
+    attends to no token (its copying is judged on the token it attends to most)."""
     _require_decoder(model)
     was_training = model.training
     model.eval()
@@ -133,9 +144,11 @@ def induction_scores(model, length: int = 100, rows: int = 8, seed: int = 0) -> 
         weights, outputs = _head_outputs(model, ids)
     finally:
         model.train(was_training)
-    second = torch.arange(length, 2 * length, device=ids.device)              # the queries of the second copy
+    prompt, prefix_keys = places(model.decoder)
+    second = torch.arange(length, 2 * length, device=ids.device)              # the second copy's tokens
     prefix, copying, previous = [], [], []
     for w, out in zip(weights, outputs):
+        w, out = w[:, :, prompt:, prompt + prefix_keys:], out[:, :, prompt:]   # the tokens' queries and keys
         prefix.append(w[:, :, second, second - length + 1].mean(dim=(0, 2)))
         previous.append(w[:, :, second, second - 1].mean(dim=(0, 2)))
         layer_copying = []
@@ -196,17 +209,67 @@ def text_rows(ids: Tensor, length: int = 512, stride: int = 256) -> Tensor:
     return torch.stack([ids[start:start + length] for start in range(0, ids.numel() - length + 1, stride)])
 
 
-def induction_report(model_dir, length: int = 100, rows: int = 8, seed: int = 0, text: str | None = None,
+DEFAULT_LENGTH = 100  # the random tokens before they repeat, when the model reads that many twice
+
+
+def fitting_length(model, length: int | None) -> int:
+    """The random tokens before they repeat (``--length``): ``length`` if the model can read it, or,
+    given None, DEFAULT_LENGTH or the longest it can read. Each row is 2 · length tokens after the
+    model's virtual places (nn/prefix.py), within its learned positions, and repeats ``length``
+    distinct regular tokens of its vocabulary; a length past either is refused naming --length."""
+    virtual = sum(places(model.decoder))
+    limit = position_limit(model.cfg)
+    by_positions = DEFAULT_LENGTH if limit is None else (limit - virtual) // 2
+    by_vocabulary = model.cfg.vocab_size - 4  # the ids below 4 are special (repeated_tokens)
+    longest = min(by_positions, by_vocabulary)
+    if length is None:
+        length = min(DEFAULT_LENGTH, longest)
+        if length < 1:
+            raise AtencionError(f"induction: the model reads {limit} positions ({virtual} of them virtual tokens) and "
+                                f"{by_vocabulary} regular tokens: too few for a row of tokens and their repetition")
+        return length
+    if length > by_positions:
+        after = f" after its {virtual} virtual tokens" if virtual else ""
+        raise AtencionError(f"--length {length}: each row is 2 × --length = {2 * length} tokens{after}, but the "
+                            f"model's learned positions stop at max_positions={limit}; use --length {by_positions} "
+                            f"or less")
+    if length > by_vocabulary:
+        raise AtencionError(f"--length {length}: each row repeats --length distinct tokens, and the model's "
+                            f"vocabulary has {by_vocabulary} regular ones; use --length {by_vocabulary} or less")
+    return length
+
+
+def check_context(model, context: int, late: int = 500) -> None:
+    """``--context``, the tokens per row of --text, must reach past token ``late`` (the in-context
+    learning score compares it with token 50) and fit in the model's learned positions."""
+    limit, virtual = position_limit(model.cfg), sum(places(model.decoder))
+    if context <= late:
+        raise AtencionError(f"--context {context}: the in-context learning score compares tokens 50 and {late} of "
+                            f"each row of --text, so --context must be above {late}")
+    if limit is not None and context + virtual > limit:
+        after = f" after its {virtual} virtual tokens" if virtual else ""
+        raise AtencionError(f"--context {context}: rows of --text of {context} tokens{after} pass the model's learned "
+                            f"positions, which stop at max_positions={limit}"
+                            + (f"; use --context {limit - virtual} or less" if limit - virtual > late else
+                               f", too few for the in-context learning score (token {late}): leave out --text"))
+
+
+def induction_report(model_dir, length: int | None = None, rows: int = 8, seed: int = 0, text: str | None = None,
                      context: int = 512, device: str = "cpu") -> dict:
     """The scores of the model directory ``model_dir`` (a decoder): every head's prefix-matching
     and copying score, the heads that pass both thresholds, and, with a held-out ``text`` file,
-    the in-context learning score on its rows of ``context`` tokens (tasks/lm.py's stream)."""
+    the in-context learning score on its rows of ``context`` tokens (tasks/lm.py's stream).
+    ``length``: the random tokens before they repeat (None: ``fitting_length``'s). Both are
+    checked against the model before any work."""
     from ..data.text import read_text
     from ..nn.model_dir import load_model_dir
     from ..tasks.lm import text_stream
 
     model, tokenizer = load_model_dir(model_dir, device=device)
     _require_decoder(model)
+    length = fitting_length(model, length)
+    if text is not None:
+        check_context(model, context)
     scores = induction_scores(model, length, rows, seed)
     report = {**scores.to_dict(), "induction_heads": scores.induction_heads()}
     if text is not None:
