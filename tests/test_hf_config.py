@@ -312,3 +312,16 @@ def test_any_json_value_in_any_tokenizer_key_atencion_reads_gives_a_tokenizer_or
             vocab.render_chat([{"role": "user", "content": "hola"}])
     except AtencionError as err:
         one_line_naming(err, str(directory / file))
+
+
+def test_a_class_transformers_loads_with_weights_of_other_sizes_is_one_line_on_stderr(saved, tmp_path):
+    import subprocess
+    import sys
+
+    directory = edited(saved["vit"], tmp_path / "vit", hidden_size=32, intermediate_size=64)
+    (tmp_path / "none.txt").write_text("")
+    done = subprocess.run([sys.executable, "-m", "atencion", "classify", "--model", str(directory), "--input",
+                           str(tmp_path / "none.txt")], capture_output=True, text=True)  # transformers' own stderr too
+    err = done.stderr
+    assert done.returncode == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err  # no report
+    assert str(directory) in err and "other sizes than its config.json" in err, err

@@ -18,6 +18,7 @@ importer) is loaded by transformers' ``from_pretrained`` and converted by ``from
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
@@ -137,9 +138,26 @@ def _hf_config(directory: Path):
         raise AtencionError(f"{directory}: reading a Hugging Face model directory needs transformers "
                             f"(pip install transformers)") from None
     try:
-        return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        with _quiet_transformers():
+            return AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except Exception as err:  # a value only transformers reads: its own error types (StrictDataclassError, …)
         raise AtencionError(f"{directory / CONFIG_FILE}: transformers cannot read it ({_reason(err)})") from None
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Within: transformers logs errors only, and shows no progress bar. Its warnings and load
+    reports run to many lines on stderr; what atencion refuses it names in one line of its own."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_progress_bar()
 
 
 def _reason(err: Exception) -> str:
@@ -191,15 +209,16 @@ def _through_transformers(directory: Path, architecture: str) -> nn.Module:
     tensor the class has and the file lacks (which transformers would leave random), or one the
     file has and the class does not, is refused naming both files."""
     import transformers
-    from transformers.utils import logging as hf_logging
 
     weights_files(directory)  # a missing file or shard is named before transformers looks
-    hf_logging.disable_progress_bar()  # a command's stderr holds its own lines only
     try:
-        hf_model, info = getattr(transformers, architecture).from_pretrained(
-            str(directory), local_files_only=True, output_loading_info=True)
+        with _quiet_transformers():
+            hf_model, info = getattr(transformers, architecture).from_pretrained(
+                str(directory), local_files_only=True, output_loading_info=True)
     except Exception as err:  # transformers' own error types for a value only it reads
-        raise AtencionError(f"{directory}: transformers cannot load its {architecture} ({_reason(err)})") from None
+        reason = ("its weights have other sizes than its config.json gives" if "mismatched_sizes" in str(err)
+                  else _reason(err))
+        raise AtencionError(f"{directory}: transformers cannot load its {architecture} ({reason})") from None
     unread = {key: sorted(info.get(key) or []) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(unread.values()):
         found = "; ".join(f"{key.replace('_', ' ')} {names[:3]}" for key, names in unread.items() if names)
