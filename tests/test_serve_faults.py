@@ -20,6 +20,7 @@ from atencion.errors import AtencionError
 from atencion.serve import run
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
 from atencion.train.checkpoint import save_checkpoint
+from test_faults import fault
 
 LINES = ["the cat sat on the mat", "the dog ate the bone", "a bird sang in the tree"] * 3
 SMALL = dict(n_layers=1, d_model=32, d_ff=64, n_heads=2, max_positions=64)
@@ -184,16 +185,6 @@ def test_a_form_s_model_field_name_and_filename_are_quoted_cut_short(client):
 
 
 # 6. an API key that is empty or blank -----------------------------------------------------------
-
-def fault(argv: list[str], capsys, status: int = 2) -> str:
-    """Run the CLI; assert the exit status and one line on stderr without a traceback; return it."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == status, err
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
 
 @pytest.fixture
 def not_served(monkeypatch):

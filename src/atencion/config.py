@@ -396,22 +396,22 @@ BLOCK_OBJECT_BYTES, EXPERT_OBJECT_BYTES = 40_000, 6_000
 def machine_memory() -> int | None:
     """The bytes of memory this machine (or the container's cgroup limit, if lower) has; None when
     neither can be read. The total, not what is free now: what no model larger than it can fit in."""
-    sizes = []
     try:
-        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        pass
-    for path, scale in (("/sys/fs/cgroup/memory.max", 1), ("/proc/meminfo", 1024)):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        if path.endswith("meminfo"):
-            found = re.search(r"^MemTotal:\s+(\d+)", text, re.M)
-            sizes += [int(found.group(1)) * scale] if found and not sizes else []
-        elif text.strip().isdigit():
-            sizes.append(int(text.strip()))
+        total = _number_in("/proc/meminfo", r"^MemTotal:\s+(\d+) kB", 1024)
+    sizes = [size for size in (total, _number_in("/sys/fs/cgroup/memory.max", r"^(\d+)$")) if size]
     return min(sizes) if sizes else None
+
+
+def _number_in(path: str, pattern: str, scale: int = 1) -> int | None:
+    """The number ``pattern`` finds in the file ``path`` times ``scale``; None when either is missing
+    (cgroup's memory.max says "max" when there is no limit)."""
+    try:
+        found = re.search(pattern, Path(path).read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * scale if found else None
 
 
 def human_bytes(count: float) -> str:

@@ -222,6 +222,15 @@ def read_json(path: str | os.PathLike, what: str):
         raise AtencionError(f"{path}: not a valid JSON {what} (arrays or objects nested too deeply)") from None
 
 
+def shown_json(value, limit: int = 60) -> str:
+    """``value`` as JSON spells it, cut to ``limit`` characters and "…": how a message quotes a
+    value read from a file, never the file's whole content back."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def json_line(path: str | os.PathLike, key: str) -> int | str:
     """The line number where ``"key":`` first appears in the JSON file ``path`` (for messages)."""
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import AtencionError, MissingFileError
 from ..fileio import atomic_write_bytes, read_json
+from ..fileio import shown_json as _shown
 
 HF_TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, GENERATION_CONFIG = ("tokenizer_config.json", "special_tokens_map.json",
@@ -59,11 +60,6 @@ def _object(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise AtencionError(f"{path}: holds {type(data).__name__}; expected a JSON object ({what})")
     return data
-
-
-def _shown(value, limit: int = 60) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _token(path: Path, key: str, value) -> str | None:

@@ -19,16 +19,9 @@ from typing import Any
 
 from ..errors import AtencionError
 from ..fileio import read_json
+from ..fileio import shown_json as _shown
 
 Rule = Callable[[Any], "str | None"]  # a value → what is expected of it when it is wrong, else None
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """``value`` as JSON spells it, cut to ``limit`` characters (a message never repeats a file back)."""
-    import json
-
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _is_int(value: Any) -> bool:

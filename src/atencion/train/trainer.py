@@ -622,7 +622,10 @@ def _taken_back_if_refused(out: Path) -> Iterator[None]:
                 remove_directory(created)
             elif was_empty:
                 for entry in out.iterdir():
-                    remove_directory(entry) if entry.is_dir() else entry.unlink()
+                    if entry.is_dir():
+                        remove_directory(entry)
+                    else:
+                        entry.unlink()
         raise
 
 
