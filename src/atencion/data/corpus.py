@@ -48,29 +48,38 @@ def read_lines(path, allow_empty: bool = False, errors: str = "strict", name: st
     with a line naming the first such line (so that one line still comes out per line in; None:
     a logging warning, as the use-side functions pass on a ``warn`` they were not given).
     ``name`` names a stream."""
-    if hasattr(path, "read"):
-        name = name or "input"
-        raw = path.read()
-        if isinstance(raw, str):  # a text stream: undo Python's surrogateescape of undecodable bytes
-            raw = raw.encode("utf-8", errors="surrogateescape")
-    else:
-        path = Path(path)
-        name = name or str(path)
-        if path.is_dir():
-            raise CorpusError(f"{path}: is a directory; expected a text file")
-        if not path.is_file():
-            raise MissingFileError(f"{path}: file not found")
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as f:
-                raw = f.read()
-        except (OSError, EOFError, zlib.error) as err:  # zlib.error: corrupt compressed data in a .gz file
-            raise CorpusError(f"{path}: cannot read the file ({err})") from None
+    raw, name = _read_bytes(path, name)
     if not raw.strip() and not allow_empty:
         raise CorpusError(f"{name}: the file is empty")
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
+    return _decode_lines(lines, name, errors, warn)
+
+
+def _read_bytes(path, name: str | None) -> tuple[bytes, str]:
+    """The raw bytes of a file (gunzipped if it ends in .gz) or of a stream, and the name to report."""
+    if hasattr(path, "read"):
+        raw = path.read()
+        if isinstance(raw, str):  # a text stream: undo Python's surrogateescape of undecodable bytes
+            raw = raw.encode("utf-8", errors="surrogateescape")
+        return raw, name or "input"
+    path = Path(path)
+    if path.is_dir():
+        raise CorpusError(f"{path}: is a directory; expected a text file")
+    if not path.is_file():
+        raise MissingFileError(f"{path}: file not found")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as err:  # zlib.error: corrupt compressed data in a .gz file
+        raise CorpusError(f"{path}: cannot read the file ({err})") from None
+    return raw, name or str(path)
+
+
+def _decode_lines(lines: list[bytes], name: str, errors: str, warn) -> list[str]:
+    """Each line decoded from UTF-8 without a trailing CR, as ``read_lines``'s ``errors`` says."""
     out, bad = [], []
     for number, line in enumerate(lines, start=1):
         try:

@@ -83,16 +83,9 @@ def _ids(path: Path, key: str, value) -> tuple[int, ...]:
     return tuple(values)
 
 
-def read_specials(directory: Path, token_to_id, vocab_size: int) -> SpecialIds:
-    """The special ids of the tokenizer in ``directory``: each role's token named by
-    tokenizer_config.json or special_tokens_map.json (then its id by ``token_to_id``), else the
-    id generation_config.json or config.json gives; BERT's [CLS]/[SEP] stand for <s>/</s>. A
-    value of the wrong kind, or an id taken as a special token outside the vocabulary
-    (``vocab_size``), is refused naming the file and key; EOS ids past it may stay among the ids
-    that end a text (``stop``), which the model never produces (as transformers takes them)."""
+def _special_tokens(directory: Path) -> dict[str, str]:
+    """Each role's special token as tokenizer_config.json, else special_tokens_map.json, names it."""
     tokens: dict[str, str] = {}
-    ids: dict[str, tuple[int, ...]] = {}
-    source: dict[str, str] = {}  # role → "file: key" its ids came from
     for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
         if (directory / name).is_file():
             config = _object(directory / name, "tokenizer configuration")
@@ -100,6 +93,13 @@ def read_specials(directory: Path, token_to_id, vocab_size: int) -> SpecialIds:
                 token = _token(directory / name, f"{role}_token", config.get(f"{role}_token"))
                 if token is not None:
                     tokens.setdefault(role, token)
+    return tokens
+
+
+def _special_token_ids(directory: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """The pad/bos/eos ids generation_config.json, else config.json, gives, and the "file: key" of each."""
+    ids: dict[str, tuple[int, ...]] = {}
+    source: dict[str, str] = {}  # role → "file: key" its ids came from
     for name in (GENERATION_CONFIG, "config.json"):
         if (directory / name).is_file():
             config = _object(directory / name, "configuration")
@@ -108,6 +108,18 @@ def read_specials(directory: Path, token_to_id, vocab_size: int) -> SpecialIds:
                 found = _ids(directory / name, key, config.get(key))
                 if found and role not in ids:
                     ids[role], source[role] = found, f"{directory / name}: {key}"
+    return ids, source
+
+
+def read_specials(directory: Path, token_to_id, vocab_size: int) -> SpecialIds:
+    """The special ids of the tokenizer in ``directory``: each role's token named by
+    tokenizer_config.json or special_tokens_map.json (then its id by ``token_to_id``), else the
+    id generation_config.json or config.json gives; BERT's [CLS]/[SEP] stand for <s>/</s>. A
+    value of the wrong kind, or an id taken as a special token outside the vocabulary
+    (``vocab_size``), is refused naming the file and key; EOS ids past it may stay among the ids
+    that end a text (``stop``), which the model never produces (as transformers takes them)."""
+    tokens = _special_tokens(directory)
+    ids, source = _special_token_ids(directory)
 
     def find(role: str) -> int | None:
         token = tokens.get(role)

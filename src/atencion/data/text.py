@@ -66,32 +66,50 @@ def read_labelled_lines(path: str, labels: list[str] | None = None, header: str 
     other line (SST-2's ``label<TAB>sentence``), and ``warn(message)`` hears which line and why;
     "yes", "no". Last, the file line number of each row returned (past the header and the rows
     skipped), for messages that name a row."""
-    lines = read_lines(path)
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        label, sep, text = line.partition("\t")
-        if not sep:
-            raise CorpusError(f"{path} line {number}: expected label<TAB>text, found no tab")
-        rows.append((label.strip(), text.strip(), number))
+    rows = _label_text_rows(path, read_lines(path))
     if header == "yes":
         rows = rows[1:]
     for label, _, number in rows:
         if not label:
             raise CorpusError(f"{path} line {number}: the label is empty; expected label<TAB>text")
     if header == "auto" and rows:
-        first = rows[0][0]
-        if labels is None and first not in {r[0] for r in rows[1:]}:
-            reason = f"its label {first!r} appears on no other line"
-        elif labels is not None and first not in labels:
-            reason = f"its label {first!r} is not a label seen in training {labels}"
-        else:
-            reason = None
+        reason = _header_reason(rows, labels)
         if reason:
             warn(f"{path} line 1: taken as a header, not a row: {reason}")
             rows = rows[1:]
     if labels is None:
         names = sorted({r[0] for r in rows})
         labels = sorted(names, key=int) if all(_is_int(x) for x in names) else names
+    out, numbers, skipped = _indexed_rows(path, rows, labels, empty_lines)
+    if not out:
+        raise CorpusError(f"{path}: no labelled row")
+    return out, labels, skipped, numbers
+
+
+def _label_text_rows(path: str, lines: list[str]) -> list[tuple[str, str, int]]:
+    """``(label, text, line number)`` of each ``label<TAB>text`` line, both stripped."""
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        label, sep, text = line.partition("\t")
+        if not sep:
+            raise CorpusError(f"{path} line {number}: expected label<TAB>text, found no tab")
+        rows.append((label.strip(), text.strip(), number))
+    return rows
+
+
+def _header_reason(rows: list[tuple[str, str, int]], labels: list[str] | None) -> str | None:
+    """Why the first row is a header (its label is no label of the others, or of ``labels``), or None."""
+    first = rows[0][0]
+    if labels is None and first not in {r[0] for r in rows[1:]}:
+        return f"its label {first!r} appears on no other line"
+    if labels is not None and first not in labels:
+        return f"its label {first!r} is not a label seen in training {labels}"
+    return None
+
+
+def _indexed_rows(path: str, rows: list[tuple[str, str, int]], labels: list[str],
+                  empty_lines: str) -> tuple[list[tuple[int, str]], list[int], int]:
+    """``(label index, text)`` of each row with a text, its line number, and the number skipped as empty."""
     index = {name: i for i, name in enumerate(labels)}
     out, numbers, skipped = [], [], 0
     for label, text, number in rows:
@@ -105,9 +123,7 @@ def read_labelled_lines(path: str, labels: list[str] | None = None, header: str 
             continue
         out.append((index[label], text))
         numbers.append(number)
-    if not out:
-        raise CorpusError(f"{path}: no labelled row")
-    return out, labels, skipped, numbers
+    return out, numbers, skipped
 
 
 def _is_int(text: str) -> bool:

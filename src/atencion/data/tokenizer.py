@@ -373,8 +373,6 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> "Tokenizer":
-        import sentencepiece as spm
-
         directory = Path(directory)
         foreign = read_foreign(directory)
         if foreign is not None:
@@ -382,33 +380,45 @@ class Tokenizer:
         info = read_json(directory / INFO_FILE, "tokenizer description")
         vocab = VOCABS.get(info.get("kind")) if isinstance(info.get("kind"), str) else None
         if vocab is not None:
-            pieces = info.get("pieces")
-            if (not isinstance(pieces, list) or list(pieces[: len(SPECIALS)]) != list(SPECIALS)
-                    or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces)):
-                raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'pieces')}: "
-                                    f"'pieces' must list {list(SPECIALS)} and then distinct {vocab.unit}s")
-            if vocab is not SubwordNmtVocab:
-                return cls(vocab(pieces))
-            merges = info.get("merges")
-            if not isinstance(merges, list) or not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
-                raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'merges')}: "
-                                    f"'merges' must list subword-nmt's merges, each two pieces and one space")
-            return cls(vocab(pieces, merges))
-        names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
-        models = []
-        for name in names:
-            path = directory / name
-            if not path.is_file():
-                raise MissingFileError(f"{path}: SentencePiece model not found")
-            try:
-                models.append(spm.SentencePieceProcessor(model_proto=path.read_bytes()))
-            except Exception as err:  # sentencepiece raises RuntimeError/OSError on bad protos
-                raise AtencionError(f"{path}: not a readable SentencePiece model ({err})") from None
-        for name, model, key in zip(names, models, ("src_vocab_size", "tgt_vocab_size")):
-            declared = info.get(key, info.get("src_vocab_size")) if len(models) == 1 else info.get(key)
-            if declared is not None and declared != model.get_piece_size():
-                raise AtencionError(f"{directory / name}: {model.get_piece_size()} pieces, but "
-                                    f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, key)} says "
-                                    f"{key} {declared}; the files come from different runs")
-        return cls(*models)
+            return cls(_read_listed_vocab(directory, info, vocab))
+        return cls(*_read_sentencepiece(directory, info))
+
+
+def _read_listed_vocab(directory: Path, info: dict, vocab: type):
+    """The ``vocab`` whose pieces (and subword-nmt's merges) tokenizer.json lists."""
+    pieces = info.get("pieces")
+    if (not isinstance(pieces, list) or list(pieces[: len(SPECIALS)]) != list(SPECIALS)
+            or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces)):
+        raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'pieces')}: "
+                            f"'pieces' must list {list(SPECIALS)} and then distinct {vocab.unit}s")
+    if vocab is not SubwordNmtVocab:
+        return vocab(pieces)
+    merges = info.get("merges")
+    if not isinstance(merges, list) or not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
+        raise AtencionError(f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, 'merges')}: "
+                            f"'merges' must list subword-nmt's merges, each two pieces and one space")
+    return vocab(pieces, merges)
+
+
+def _read_sentencepiece(directory: Path, info: dict) -> list:
+    """The joint SentencePiece model, or the source and target ones, checked against tokenizer.json's sizes."""
+    import sentencepiece as spm
+
+    names = [JOINT_FILE] if info.get("joint", True) else [SRC_FILE, TGT_FILE]
+    models = []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise MissingFileError(f"{path}: SentencePiece model not found")
+        try:
+            models.append(spm.SentencePieceProcessor(model_proto=path.read_bytes()))
+        except Exception as err:  # sentencepiece raises RuntimeError/OSError on bad protos
+            raise AtencionError(f"{path}: not a readable SentencePiece model ({err})") from None
+    for name, model, key in zip(names, models, ("src_vocab_size", "tgt_vocab_size")):
+        declared = info.get(key, info.get("src_vocab_size")) if len(models) == 1 else info.get(key)
+        if declared is not None and declared != model.get_piece_size():
+            raise AtencionError(f"{directory / name}: {model.get_piece_size()} pieces, but "
+                                f"{directory / INFO_FILE} line {json_line(directory / INFO_FILE, key)} says "
+                                f"{key} {declared}; the files come from different runs")
+    return models
 

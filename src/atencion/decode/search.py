@@ -181,6 +181,26 @@ def _add_finished(kept: list[Hypothesis], tokens: list[int], log_prob: float, le
     del kept[beam_size:]
 
 
+def _mark_done(done: list[bool], active: list[int], live_scores: list[list[float]], tokens: Tensor,
+               finished: list[list[Hypothesis]], max_lens: list[int], step: int, alpha: float, k: int,
+               early_stop: bool) -> None:
+    """Mark each group done at its maximum length (finishing its live hypotheses), with nothing
+    left to extend, or (``early_stop``) once its sentence holds ``k`` finished hypotheses."""
+    for g, sent in enumerate(active):
+        if done[g]:
+            continue
+        live = live_scores[g]
+        if step == max_lens[sent]:  # forced end: every live hypothesis stops here
+            for j in range(k):
+                if math.isfinite(live[j]):
+                    _add_finished(finished[sent], tokens[g, j].tolist(), live[j], step, alpha, k)
+            done[g] = True
+        elif not math.isfinite(max(live)):  # nothing left to extend
+            done[g] = True
+        elif early_stop and len(finished[sent]) == k:
+            done[g] = True
+
+
 @torch.no_grad()
 def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1,
@@ -259,19 +279,7 @@ def beam_search(model, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
                             new_tokens[:, :, None]], dim=2)
         step += 1
         live_scores = scores.tolist()  # one device sync per step
-        for g, sent in enumerate(active):
-            if done[g]:
-                continue
-            live = live_scores[g]
-            if step == max_lens[sent]:  # forced end: every live hypothesis stops here
-                for j in range(k):
-                    if math.isfinite(live[j]):
-                        _add_finished(finished[sent], tokens[g, j].tolist(), live[j], step, alpha, k)
-                done[g] = True
-            elif not math.isfinite(max(live)):  # nothing left to extend
-                done[g] = True
-            elif _early_stop and len(finished[sent]) == k:
-                done[g] = True
+        _mark_done(done, active, live_scores, tokens, finished, max_lens, step, alpha, k, _early_stop)
         if all(done):
             break
         keep = [g for g in range(groups) if not done[g]] if _drop_finished else list(range(groups))

@@ -239,6 +239,26 @@ def release_translators() -> None:
 
 # translating -----------------------------------------------------------------------------------
 
+def _length_groups(loaded: Loaded, src_id_lists: list[list[int]], max_len_a: float,
+                   max_len_b: int) -> dict[int, list[int]]:
+    """The indices of the sources by maximum output length, each source checked against the export."""
+    cfg = loaded.cfg
+    groups: dict[int, list[int]] = {}
+    for i, ids in enumerate(src_id_lists):
+        if not ids or ids[-1] != cfg.eos_id:
+            raise AtencionError(f"source {i} must end with the EOS id {cfg.eos_id}, as atencion feeds "
+                             f"it (encode_src(text) + [eos_id]); got {list(ids)[-3:]}")
+        max_len = int(max_len_a * len(ids) + max_len_b)
+        if max_len < 1:
+            raise AtencionError(f"max_len_a * source length + max_len_b must allow at least one token; "
+                             f"source {i} gets {max_len}")
+        if max(len(ids), max_len) > loaded.positions:
+            raise AtencionError(f"source {i}: {len(ids)} tokens and up to {max_len} output tokens, but the "
+                             f"exported position table has {loaded.positions} rows")
+        groups.setdefault(max_len, []).append(i)
+    return groups
+
+
 def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], beam: int = 4,
                   alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                   compute_type: str = "float32", device: str = "cpu", threads: int = 0,
@@ -289,19 +309,7 @@ def ct2_translate(export_dir: str | os.PathLike, src_id_lists: list[list[int]], 
                             f"translator's (ct2_generate runs a decoder-only model's)")
     never = [[loaded.target[i]] for i in sorted({cfg.pad_id, cfg.bos_id} - {cfg.eos_id})]  # as in search.py
     eos = loaded.target[cfg.eos_id]
-    groups: dict[int, list[int]] = {}
-    for i, ids in enumerate(src_id_lists):
-        if not ids or ids[-1] != cfg.eos_id:
-            raise AtencionError(f"source {i} must end with the EOS id {cfg.eos_id}, as atencion feeds "
-                             f"it (encode_src(text) + [eos_id]); got {list(ids)[-3:]}")
-        max_len = int(max_len_a * len(ids) + max_len_b)
-        if max_len < 1:
-            raise AtencionError(f"max_len_a * source length + max_len_b must allow at least one token; "
-                             f"source {i} gets {max_len}")
-        if max(len(ids), max_len) > loaded.positions:
-            raise AtencionError(f"source {i}: {len(ids)} tokens and up to {max_len} output tokens, but the "
-                             f"exported position table has {loaded.positions} rows")
-        groups.setdefault(max_len, []).append(i)
+    groups = _length_groups(loaded, src_id_lists, max_len_a, max_len_b)
 
     outputs: list[list[int]] = [[] for _ in src_id_lists]
     for max_len, rows in groups.items():

@@ -218,29 +218,9 @@ def gguf_tensors(model) -> dict[str, torch.Tensor]:
     out = {"token_embd.weight": state["decoder.embed.weight"]}
     if arch == "gpt2":
         out["position_embd.weight"] = state["decoder.positions.weight"]
-    h, g, dk = cfg.n_heads, cfg.kv_heads, cfg.d_k
     for i in range(len(model.decoder.layers)):
         ours, blk = f"decoder.layers.{i}", f"blk.{i}"
-        if arch == "gpt2":
-            for theirs, name in GPT2_MODULES.items():
-                weight = state[f"{ours}.{name}.weight"]
-                out[f"{blk}.{theirs}.weight"] = weight
-                out[f"{blk}.{theirs}.bias"] = state.get(f"{ours}.{name}.bias", torch.zeros(weight.shape[0]))
-            continue
-        parts = {"weight": state[f"{ours}.self_attn.in_proj.weight"]}
-        if f"{ours}.self_attn.in_proj.bias" in state:
-            parts["bias"] = state[f"{ours}.self_attn.in_proj.bias"]
-        for param, value in parts.items():
-            q, k, v = value.split([h * dk, g * dk, g * dk])
-            out[f"{blk}.attn_q.{param}"] = interleave_heads(q, h)
-            out[f"{blk}.attn_k.{param}"] = interleave_heads(k, g)
-            out[f"{blk}.attn_v.{param}"] = v
-        for theirs, name in LLAMA_MODULES.items():
-            for param in ("weight", "bias"):
-                if f"{ours}.{name}.{param}" in state:
-                    out[f"{blk}.{theirs}.{param}"] = state[f"{ours}.{name}.{param}"]
-        out[f"{blk}.attn_norm.weight"] = state[f"{ours}.res_self.norm.weight"]
-        out[f"{blk}.ffn_norm.weight"] = state[f"{ours}.res_ffn.norm.weight"]
+        out.update(_gpt2_block(state, ours, blk) if arch == "gpt2" else _llama_block(state, ours, blk, cfg))
     out["output_norm.weight"] = state["decoder.final_norm.weight"]
     if arch == "gpt2":
         out["output_norm.bias"] = state.get("decoder.final_norm.bias", torch.zeros(cfg.d_model))
@@ -248,6 +228,37 @@ def gguf_tensors(model) -> dict[str, torch.Tensor]:
         out["output.weight"] = state["generator.weight"]
     if arch == "llama" and cfg.rope_scaling is not None and cfg.rope_scaling["type"] == "llama3":
         out["rope_freqs.weight"] = rope_divisors(cfg)
+    return out
+
+
+def _gpt2_block(state: dict[str, torch.Tensor], ours: str, blk: str) -> dict[str, torch.Tensor]:
+    """The tensors of GPT-2 block ``blk`` (atencion's layer ``ours``), each weight with a bias (zeros if none)."""
+    out = {}
+    for theirs, name in GPT2_MODULES.items():
+        weight = state[f"{ours}.{name}.weight"]
+        out[f"{blk}.{theirs}.weight"] = weight
+        out[f"{blk}.{theirs}.bias"] = state.get(f"{ours}.{name}.bias", torch.zeros(weight.shape[0]))
+    return out
+
+
+def _llama_block(state: dict[str, torch.Tensor], ours: str, blk: str, cfg) -> dict[str, torch.Tensor]:
+    """The tensors of llama block ``blk`` (atencion's layer ``ours``): Q, K, V split, Q and K's heads interleaved."""
+    h, g, dk = cfg.n_heads, cfg.kv_heads, cfg.d_k
+    out = {}
+    parts = {"weight": state[f"{ours}.self_attn.in_proj.weight"]}
+    if f"{ours}.self_attn.in_proj.bias" in state:
+        parts["bias"] = state[f"{ours}.self_attn.in_proj.bias"]
+    for param, value in parts.items():
+        q, k, v = value.split([h * dk, g * dk, g * dk])
+        out[f"{blk}.attn_q.{param}"] = interleave_heads(q, h)
+        out[f"{blk}.attn_k.{param}"] = interleave_heads(k, g)
+        out[f"{blk}.attn_v.{param}"] = v
+    for theirs, name in LLAMA_MODULES.items():
+        for param in ("weight", "bias"):
+            if f"{ours}.{name}.{param}" in state:
+                out[f"{blk}.{theirs}.{param}"] = state[f"{ours}.{name}.{param}"]
+    out[f"{blk}.attn_norm.weight"] = state[f"{ours}.res_self.norm.weight"]
+    out[f"{blk}.ffn_norm.weight"] = state[f"{ours}.res_ffn.norm.weight"]
     return out
 
 

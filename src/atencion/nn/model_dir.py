@@ -324,8 +324,6 @@ def _save_adapters(model: nn.Module, directory: Path) -> None:
 def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Module:
     """A LoRA model or one of virtual tokens: its base (checked against the recorded checksum),
     then the adapters."""
-    from safetensors.torch import load_file
-
     lora = (directory / LORA_FILE).is_file()
     description = directory / LORA_FILE if lora else virtual_file(directory)
     record = read_lora_file(directory) if lora else _read_virtual_file(description)
@@ -350,7 +348,14 @@ def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Modu
             apply_virtual(model, spec, base_dir, record["base_sha256"], trainable=new)
         except AtencionError as err:
             raise AtencionError(f"{description}: {err}") from None
-    path = directory / ADAPTERS_FILE
+    _load_adapters(model, directory / ADAPTERS_FILE, description, map_location)
+    return model
+
+
+def _load_adapters(model: nn.Module, path: Path, description: Path, map_location) -> None:
+    """Copy the adapters saved in ``path`` into the trainable parameters of ``model``, checked first."""
+    from safetensors.torch import load_file
+
     if not path.is_file():
         raise MissingFileError(f"{path}: adapters not found ({description.name} names them)")
     try:
@@ -372,7 +377,6 @@ def _load_adapted(directory: Path, map_location, expect: type | None) -> nn.Modu
     with torch.no_grad():
         for name, tensor in tensors.items():
             expected[name].copy_(tensor)
-    return model
 
 
 def non_finite(tensors: dict[str, Tensor]) -> str | None:
