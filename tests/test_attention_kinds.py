@@ -259,12 +259,12 @@ def test_a_bad_attention_setting_is_one_line_exit_2_and_nothing_written(tmp_path
 def test_the_attention_page_says_what_a_kinds_maps_show():
     import numpy as np
 
-    from atencion.viz.attention import KIND_NOTES, AttentionMap, SelfAttention
+    from atencion.viz.attention import AttentionMap, SelfAttention, kind_note
     from atencion.viz.html import attention_html
 
     amap = AttentionMap("encoder", np.full((1, 1, 2, 2), 0.5), ["a", "b"], ["a", "b"])
     page = attention_html(SelfAttention("a b", "", 0, amap, "linformer"))
-    assert "need not be positive nor sum to 1" in page and KIND_NOTES["linformer"].split(":")[0] in page
+    assert "need not be positive nor sum to 1" in page and kind_note("linformer").split(":")[0] in page
     assert "Linformer" not in attention_html(SelfAttention("a b", "", 0, amap))
 
 

@@ -85,6 +85,32 @@ class ModelConfig:
     eos_id: int = 3
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_numbers_and_flags()
+        self._check_choices()
+        self._check_stacks()
+        if self.inputs is not None and INPUTS:  # filled when nn/inputs.py is imported (it needs torch); a
+            self.inputs = inputs_settings(self)  # config made before that is completed when its model is built
+        if self.vocab_size != 0 or self.inputs is None:  # an encoder of images or sounds reads no tokens
+            _require_positive_int("vocab_size", self.vocab_size)
+        self._check_positions()
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            raise AtencionError(
+                f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
+                f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
+            )
+        self._check_moe()
+        if self.attention is not None and ATTENTION_KINDS:  # filled when nn/kinds/ is imported (it needs
+            self.attention = attention_settings(self)  # torch); a config made before is completed when built
+        self._check_rnn()
+        if self.task is not None and not isinstance(self.task, str):
+            raise AtencionError(f"task must be the name of a task (translate, lm, mlm, classify), got {self.task!r}")
+        self._check_token_ids()
+
+    # the checks of __post_init__, in its order (the first problem found is the one reported) -------------
+
+    def _check_sizes(self) -> None:
+        """The widths, depths and heads: positive integers (d_ff may be 0), heads that divide d_model."""
         for key in ("n_layers", "d_model", "n_heads", "max_positions"):
             _require_positive_int(key, getattr(self, key))
         if not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff < 0:
@@ -102,6 +128,9 @@ class ModelConfig:
             if self.n_heads % self.n_kv_heads:
                 raise AtencionError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): each "
                                     f"key/value head serves n_heads / n_kv_heads query heads")
+
+    def _check_numbers_and_flags(self) -> None:
+        """The dropout rates and LayerNorm's epsilon in range, the switches true or false."""
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -112,6 +141,9 @@ class ModelConfig:
                     "qkv_bias", "scale_attention", "scale_output", "embedding_norm", "pooler"):
             if not isinstance(getattr(self, key), bool):
                 raise AtencionError(f"{key} must be true or false, got {getattr(self, key)!r}")
+
+    def _check_choices(self) -> None:
+        """The fields that name one of a few choices, and the classification head's labels."""
         _require_choice("arch", self.arch, ARCHS)
         _require_choice("activation", self.activation, ("relu", "gelu", "gelu-tanh", "swiglu", "geglu"))
         _require_choice("norm", self.norm, ("layernorm", "rmsnorm"))
@@ -125,15 +157,18 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise AtencionError(f"{key} must be an integer >= 0, got {value!r}")
+
+    def _check_stacks(self) -> None:
+        """What only some archs have: a second stack and vocabulary, token types."""
         if self.arch not in TWO_STACKS and (self.tgt_vocab_size is not None or self.n_decoder_layers is not None):
             raise AtencionError(f"arch {self.arch!r} has one stack and one vocabulary: tgt_vocab_size and "
                                 f"n_decoder_layers are for arch 'encoder-decoder' or 'rnn'")
         if self.arch != "encoder" and self.type_vocab_size:
             raise AtencionError(f"type_vocab_size (token types, BERT) needs arch 'encoder', got {self.arch!r}")
-        if self.inputs is not None and INPUTS:  # filled when nn/inputs.py is imported (it needs torch); a
-            self.inputs = inputs_settings(self)  # config made before that is completed when its model is built
-        if self.vocab_size != 0 or self.inputs is None:  # an encoder of images or sounds reads no tokens
-            _require_positive_int("vocab_size", self.vocab_size)
+
+    def _check_positions(self) -> None:
+        """``positional`` (against POSITIONS, once nn/positional.py has filled it) and the settings
+        of RoPE and T5's buckets."""
         if POSITIONS:  # filled when nn/positional.py is imported (it needs torch); a config made before
             check_positional(self)  # that is checked when its model is built (nn/positional.position_kind)
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
@@ -145,20 +180,20 @@ class ModelConfig:
         if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
             raise AtencionError(f"relative_buckets ({self.relative_buckets}) must be >= 4 and below twice "
                                 f"relative_max_distance ({self.relative_max_distance})")
-        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            raise AtencionError(
-                f"share_embeddings needs one vocabulary, but vocab_size is {self.vocab_size} "
-                f"and tgt_vocab_size is {self.tgt_vocab_size}; set share_embeddings=False"
-            )
-        if self.moe is not None:
-            if self.d_ff == 0:
-                raise AtencionError("moe replaces the feed-forward layers with experts of width d_ff, but d_ff 0 "
-                                    "means no feed-forward layer: set d_ff > 0 or remove moe")
-            if self.arch == "rnn":
-                raise AtencionError("moe replaces a Transformer's feed-forward layers; arch 'rnn' has none")
-            self.moe = _moe_settings(self.moe, self._stack_depths())
-        if self.attention is not None:
-            self.attention = _attention_settings(self)
+
+    def _check_moe(self) -> None:
+        """``moe`` checked and completed: experts need feed-forward layers to replace."""
+        if self.moe is None:
+            return
+        if self.d_ff == 0:
+            raise AtencionError("moe replaces the feed-forward layers with experts of width d_ff, but d_ff 0 "
+                                "means no feed-forward layer: set d_ff > 0 or remove moe")
+        if self.arch == "rnn":
+            raise AtencionError("moe replaces a Transformer's feed-forward layers; arch 'rnn' has none")
+        self.moe = _moe_settings(self.moe, self._stack_depths())
+
+    def _check_rnn(self) -> None:
+        """``rnn`` checked and completed for arch rnn, refused for the others."""
         if self.arch == "rnn":
             if self.num_labels:
                 raise AtencionError("num_labels (a classification head) needs arch 'encoder' or 'decoder', not 'rnn'")
@@ -166,8 +201,9 @@ class ModelConfig:
         elif self.rnn is not None:
             raise AtencionError(f"rnn holds the settings of arch 'rnn'; this model's arch is {self.arch!r} "
                                 f"(set arch: rnn, or remove rnn)")
-        if self.task is not None and not isinstance(self.task, str):
-            raise AtencionError(f"task must be the name of a task (translate, lm, mlm, classify), got {self.task!r}")
+
+    def _check_token_ids(self) -> None:
+        """pad, bos and eos: integers, and ids of every vocabulary the model has."""
         vocabularies = [size for size in (self.vocab_size, self.target_vocab_size) if size]  # 0: no tokens
         for key in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, key)
@@ -340,22 +376,8 @@ class ModelConfig:
             raise AtencionError(f"{prefix}unknown key(s) {unknown}; known keys are {sorted(known)}")
         if "vocab_size" not in values:
             raise AtencionError(f"{prefix}missing the required key 'vocab_size'")
-        values = dict(values)
-        floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
-        for key in ("rnn", "attention", "rope_scaling", "inputs"):
-            if isinstance(values.get(key), dict):
-                values[key] = dict(values[key])
-        if isinstance(values.get("moe"), dict):
-            values["moe"] = dict(values["moe"])
-            floats += [(values["moe"], key) for key in ("aux_loss_weight", "capacity_factor")]
-        for mapping, key in floats:  # YAML 1.1: 1e-5 is a string
-            if isinstance(mapping.get(key), str):
-                try:
-                    mapping[key] = float(mapping[key])
-                except ValueError:
-                    pass  # __post_init__ names the key
         try:
-            return cls(**values)
+            return cls(**_copied_with_floats(values))
         except AtencionError as err:
             raise AtencionError(f"{prefix}{err}") from None
 
@@ -369,11 +391,32 @@ class ModelConfig:
         return cls.from_dict(read_json(path, "model config"), source=str(path))
 
 
+def _copied_with_floats(values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config mapping (its nested settings copied too, so that checking them leaves the
+    caller's alone) in which the float fields that YAML 1.1 read as strings (1e-5) are numbers; a
+    string that spells none is left for __post_init__ to name."""
+    values = dict(values)
+    floats = [(values, key) for key in ("dropout", "attention_dropout", "layer_norm_eps", "rope_base")]
+    for key in ("rnn", "attention", "rope_scaling", "inputs"):
+        if isinstance(values.get(key), dict):
+            values[key] = dict(values[key])
+    if isinstance(values.get("moe"), dict):
+        values["moe"] = dict(values["moe"])
+        floats += [(values["moe"], key) for key in ("aux_loss_weight", "capacity_factor")]
+    for mapping, key in floats:
+        if isinstance(mapping.get(key), str):
+            try:
+                mapping[key] = float(mapping[key])
+            except ValueError:
+                pass
+    return values
+
+
 # The kinds of encoder input ``inputs`` may name (nn/inputs.py's InputKind: the raw input, the archs, the
 # settings and their check, the module), filled by nn/inputs.py, imported before the first config that has inputs.
 INPUTS: dict[str, Any] = {}
 # The position kinds ``positional`` may name (nn/positional.py's PositionKind: role, module, length
-# limit, check), filled by nn/positional.py, which ModelConfig imports before it checks the first config.
+# limit, check, the flags rotary and bias), filled by nn/positional.py, which importing atencion.nn loads.
 POSITIONS: dict[str, Any] = {}
 
 
@@ -579,57 +622,36 @@ def _moe_settings(moe: Any, depths: list[int]) -> dict[str, Any]:
     return settings
 
 
-# The kinds of self-attention (``attention.kind``) and each one's settings with their defaults
-# (nn/kinds/: what each computes). Cross-attention is always eq. (1).
-ATTENTION_KINDS: dict[str, dict[str, Any]] = {
-    "full": {},                                                   # eq. (1), torch's fused kernel
-    "flash": {"q_tile": 128, "k_tile": 128},                      # eq. (1) in tiles (Dao et al. 2022)
-    "window": {"window": 256},                                    # a sliding window of keys (Longformer, Mistral)
-    "longformer": {"window": 256, "global_tokens": 1},            # window + global tokens (Beltagy et al. 2020)
-    "bigbird": {"block_size": 64, "random_blocks": 3, "global_blocks": 1, "seed": 0},  # Zaheer et al. 2020
-    "linformer": {"proj_len": 256, "sharing": "headwise"},        # keys, values projected n → k (Wang et al. 2020)
-    "performer": {"features": 256, "redraw": 0, "seed": 0},       # FAVOR+ (Choromanski et al. 2021)
-}
-LINFORMER_SHARING = ("none", "headwise", "kv", "layerwise")
-_AT_LEAST = {"q_tile": 1, "k_tile": 1, "window": 1, "block_size": 1, "random_blocks": 0, "global_blocks": 0,
-             "seed": 0, "proj_len": 1, "features": 1, "redraw": 0}
+# The kinds of self-attention ``attention.kind`` may name (nn/kinds/'s KindSpec: settings and their defaults,
+# the lowest value of each integer setting, the allowed names of the others, its check, its note, its builder),
+# filled by nn/kinds/, which importing atencion.nn loads (it needs torch). Cross-attention is always eq. (1).
+ATTENTION_KINDS: dict[str, Any] = {}
 
 
-def _attention_settings(cfg: "ModelConfig") -> dict[str, Any]:
+def attention_settings(cfg: "ModelConfig") -> dict[str, Any]:
     """``attention`` checked and completed with its kind's defaults (so config.json names every
     setting): a key that is not a setting of the kind, a number out of range, a kind that does not
-    fit the arch or the positions are refused in one line naming the key."""
+    fit the arch or the positions (its ``check``) are refused in one line naming the key."""
     values = cfg.attention
     if not isinstance(values, dict):
         raise AtencionError(f"attention must be a mapping such as {{kind: flash}} (or null), got {values!r}")
-    kind = values.get("kind", "full")
-    _require_choice("attention.kind", kind, tuple(ATTENTION_KINDS))
-    known = ["kind", *ATTENTION_KINDS[kind]]
+    name = values.get("kind", "full")
+    _require_choice("attention.kind", name, tuple(ATTENTION_KINDS))
+    kind = ATTENTION_KINDS[name]
+    known = ["kind", *kind.settings]
     unknown = sorted(str(key) for key in set(values) - set(known))
     if unknown:
-        raise AtencionError(f"attention.{unknown[0]} is not a setting of attention kind {kind!r}; its keys are {known}")
-    settings = {"kind": kind, **ATTENTION_KINDS[kind], **values}
-    for key, lowest in _AT_LEAST.items():
-        if key in settings and not (isinstance(settings[key], int) and not isinstance(settings[key], bool)
-                                    and settings[key] >= lowest):
+        raise AtencionError(f"attention.{unknown[0]} is not a setting of attention kind {name!r}; its keys are {known}")
+    settings = {"kind": name, **kind.settings, **values}
+    for key, lowest in kind.at_least.items():
+        if not (isinstance(settings[key], int) and not isinstance(settings[key], bool) and settings[key] >= lowest):
             raise AtencionError(f"attention.{key} must be an integer >= {lowest}, got {settings[key]!r}")
-    if kind == "longformer":
-        settings["global_tokens"] = _global_tokens(settings["global_tokens"], cfg.max_positions)
-    if kind == "linformer":
-        _require_choice("attention.sharing", settings["sharing"], LINFORMER_SHARING)
-        if cfg.arch != "encoder":
-            raise AtencionError(f"attention.kind linformer projects the keys along the whole length, so no query "
-                                f"can be kept from the future: it is for arch 'encoder', not {cfg.arch!r} (use "
-                                f"window, performer or flash)")
-        if settings["proj_len"] > cfg.max_positions:
-            raise AtencionError(f"attention.proj_len ({settings['proj_len']}) must be at most max_positions "
-                                f"({cfg.max_positions}), the longest input the projection takes")
-    if cfg.arch == "rnn" and kind != "full":
+    for key, choices in kind.choices.items():
+        _require_choice(f"attention.{key}", settings[key], choices)
+    kind.check(cfg, settings)
+    if cfg.arch == "rnn" and name != "full":
         raise AtencionError("attention sets a Transformer's self-attention kind; arch 'rnn' has its own "
                             "(rnn.attention)")
-    if kind in ("linformer", "performer") and cfg.positional in ("alibi", "t5"):
-        raise AtencionError(f"attention.kind {kind} computes no score matrix to add positional {cfg.positional!r}'s "
-                            f"bias to; use positional rope, sinusoidal or learned")
     return settings
 
 
@@ -666,6 +688,13 @@ def inputs_settings(cfg: "ModelConfig") -> dict[str, Any] | None:
     problem = kind.check(cfg, settings)
     if problem:
         raise AtencionError(problem)
+    _require_no_source_tokens(cfg, name, kind)
+    return settings
+
+
+def _require_no_source_tokens(cfg: "ModelConfig", name: str, kind: Any) -> None:
+    """An encoder that reads no tokens (inputs kind ``name``) has no source vocabulary nor token
+    types, and its decoder (if any) needs a vocabulary of its own."""
     if cfg.vocab_size != 0:
         raise AtencionError(f"vocab_size must be 0 with inputs kind {name!r}: the encoder reads {kind.takes}, not "
                             f"tokens (a decoder's vocabulary is tgt_vocab_size), got {cfg.vocab_size!r}")
@@ -674,24 +703,6 @@ def inputs_settings(cfg: "ModelConfig") -> dict[str, Any] | None:
     if cfg.arch in TWO_STACKS and cfg.tgt_vocab_size is None:
         raise AtencionError(f"tgt_vocab_size is missing: the decoder writes tokens, and with inputs kind {name!r} it "
                             f"has the only vocabulary")
-    return settings
-
-
-def _global_tokens(value: Any, max_positions: int) -> int | list[int]:
-    """Longformer's global tokens: the first N (an integer), or a list of positions."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value <= max_positions:
-            raise AtencionError(f"attention.global_tokens must be between 0 and max_positions ({max_positions}) "
-                                f"(the first N tokens), got {value}")
-        return value
-    if not isinstance(value, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
-        raise AtencionError(f"attention.global_tokens must be a count (the first N tokens) or a list of positions, "
-                            f"got {value!r}")
-    for position in value:
-        if not 0 <= position < max_positions:
-            raise AtencionError(f"attention.global_tokens: position {position} is beyond the length this model "
-                                f"takes (max_positions {max_positions})")
-    return sorted(set(value))
 
 
 RNN_DEFAULTS: dict[str, Any] = {"cell": "gru", "hidden": None, "bidirectional": True, "decoder_hidden": None,
@@ -724,6 +735,14 @@ def _rnn_settings(rnn: Any, d_model: int) -> dict[str, Any]:
     for key in ("bidirectional", "bridge"):
         if not isinstance(settings[key], bool):
             raise AtencionError(f"rnn.{key} must be true or false, got {settings[key]!r}")
+    _rnn_scoring(settings)
+    _rnn_sizes(settings)
+    return settings
+
+
+def _rnn_scoring(settings: dict[str, Any]) -> None:
+    """``score`` and ``input_feeding`` completed for ``attention`` (its first score, Luong's input
+    feeding), or refused where that attention has none such."""
     kind = settings["attention"]
     scores = RNN_SCORES.get(kind, ())
     if settings["score"] is None:
@@ -741,6 +760,11 @@ def _rnn_settings(rnn: Any, d_model: int) -> dict[str, Any]:
         fed = "its context by construction" if kind == "bahdanau" else "none"
         raise AtencionError(f"rnn.input_feeding is Luong's (the last attentional vector fed to the next step); "
                             f"attention {kind!r} feeds {fed}: use attention: luong or input_feeding: false")
+
+
+def _rnn_sizes(settings: dict[str, Any]) -> None:
+    """The encoder's final state and the decoder's must have one size without a bridge, and the dot
+    score multiplies the decoder's state with the encoder's."""
     memory = settings["hidden"] * (2 if settings["bidirectional"] else 1)
     if not settings["bridge"] and memory != settings["decoder_hidden"]:
         raise AtencionError(f"rnn.decoder_hidden ({settings['decoder_hidden']}) must equal the encoder's final state "
@@ -749,7 +773,6 @@ def _rnn_settings(rnn: Any, d_model: int) -> dict[str, Any]:
     if settings["score"] == "dot" and memory != settings["decoder_hidden"]:
         raise AtencionError(f"rnn.score 'dot' multiplies the decoder state ({settings['decoder_hidden']}) with the "
                             f"encoder states ({memory}): the sizes must match; use score: general")
-    return settings
 
 
 def _require_positive_int(key: str, value: Any) -> None:

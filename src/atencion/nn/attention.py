@@ -5,11 +5,11 @@ A mask has four dimensions that broadcast to (batch, heads, queries, keys). The 
 and writes while decoding, and the packing of an encoder's real positions, are speed machinery
 that is not the paper: they live in cache.py.
 
-Where a new attention kind goes (``model.attention: {kind: ...}``, the long-attention issue): a
-function with ``scaled_dot_product_attention``'s arguments and result, in a module of its own,
-and one entry in a table of kinds that ``MultiHeadAttention.forward`` reads where it calls
-``scaled_dot_product_attention`` today; the setting itself is a ModelConfig key read once, in
-``Block`` (layers.py), as ``moe`` is.
+Self-attention of another kind (``model.attention: {kind: ...}``) is a module of nn/kinds/ that
+``MultiHeadAttention`` calls in place of ``scaled_dot_product_attention``, with the same queries,
+keys and values; ``Block`` (layers.py) builds it once per layer from the kind's entry in the
+registry ``ATTENTION_KINDS`` (nn/kinds/__init__.py says how to add one). Cross-attention is
+always eq. (1).
 """
 
 from __future__ import annotations
@@ -226,42 +226,52 @@ class MultiHeadAttention(nn.Module):
         ``prefix``: keys and values (1, h, P, d_k) put before the new ones, unturned (prefix-tuning,
         nn/prefix.py); with a cache they enter it, at the first step.
         """
-        bias = None
-        if not self.cross:
-            projected = self.in_proj(x)
-            if packing is not None:
-                projected = packing.unpack(projected)
-            # RoPE: the queries' and keys' heads turned in place in one call where the kernel applies
-            turned = positions is not None and positions.rotary is not None and \
-                rotate_(projected, self.h + self.g, self.d_k, *positions.rotary)
-            q, k, v = self._split(projected)
-            if positions is not None:
-                if positions.rotary is not None and not turned:
-                    q, k = positions.rotate(q), positions.rotate(k)
-                bias = positions.bias
-            if prefix is not None:
-                rows = k.size(0)
-                k, v = (torch.cat([before.expand(rows, -1, -1, -1).to(now.dtype), now], dim=2)
-                        for before, now in zip(prefix, (k, v)))
+        if self.cross:
+            (q, k, v), bias = self._cross_qkv(x, memory, cache), None
+        else:
+            q, k, v, bias = self._self_qkv(x, packing, positions, prefix)
             if self.kind is not None:
                 return self._kind_attention(q, k, v, mask, cache, need_weights, packing, positions)
             if cache is not None:
                 k, v = cache.append(k, v)
-        else:
-            q = self._heads(project_rows(self.in_proj, x, 0, self.d_model), 1)[0]
-            if cache is not None and len(cache):
-                k, v = cache.k, cache.v
-            else:
-                if memory is None:
-                    raise AtencionError("cross-attention needs the encoder output `memory` or a filled cache")
-                k, v = self._heads(project_rows(self.in_proj, memory, self.d_model, 3 * self.d_model), 2).unbind(0)
-                if cache is not None:
-                    cache.append(k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
         group = q.size(0) // k.size(0)  # several query rows per key row (beams of one sentence)
         out, weights = scaled_dot_product_attention(stack_beams(q, group), k, v, mask, dropout_p, need_weights,
                                                     bias, self.scale)
         return self._output(unstack_beams(out, group), packing), unstack_beams(weights, group)
+
+    def _self_qkv(self, x, packing, positions, prefix):
+        """Self-attention's queries, keys and values from ``x`` (the positions turned, a prefix's keys
+        first), and the score bias of the relative positions (or None)."""
+        projected = self.in_proj(x)
+        if packing is not None:
+            projected = packing.unpack(projected)
+        # RoPE: the queries' and keys' heads turned in place in one call where the kernel applies
+        turned = positions is not None and positions.rotary is not None and \
+            rotate_(projected, self.h + self.g, self.d_k, *positions.rotary)
+        q, k, v = self._split(projected)
+        bias = None
+        if positions is not None:
+            if positions.rotary is not None and not turned:
+                q, k = positions.rotate(q), positions.rotate(k)
+            bias = positions.bias
+        if prefix is not None:
+            rows = k.size(0)
+            k, v = (torch.cat([before.expand(rows, -1, -1, -1).to(now.dtype), now], dim=2)
+                    for before, now in zip(prefix, (k, v)))
+        return q, k, v, bias
+
+    def _cross_qkv(self, x, memory, cache):
+        """Cross-attention's queries from ``x``, keys and values from ``memory`` or, once filled, the cache."""
+        q = self._heads(project_rows(self.in_proj, x, 0, self.d_model), 1)[0]
+        if cache is not None and len(cache):
+            return q, cache.k, cache.v
+        if memory is None:
+            raise AtencionError("cross-attention needs the encoder output `memory` or a filled cache")
+        k, v = self._heads(project_rows(self.in_proj, memory, self.d_model, 3 * self.d_model), 2).unbind(0)
+        if cache is not None:
+            cache.append(k, v)
+        return q, k, v
 
     def _kind_attention(self, q, k, v, mask, cache, need_weights, packing, positions):
         """Self-attention computed by ``self.kind`` (nn/kinds/), with its own cache when decoding."""

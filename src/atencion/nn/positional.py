@@ -11,7 +11,10 @@ checks, generation, the exporters and the benchmarks ask it (``position_kind``,
 Adding a position kind: one class here and one POSITIONS entry. An absolute kind's module
 gives ``forward(length, offset)`` (the vectors added to the embeddings) and ``vectors(n)`` (what
 an exporter writes); a relative kind's module gives ``bias(q_pos, k_pos, causal)`` (a term added to
-the scores, or None) and, to turn queries and keys, ``angles(positions)`` as RotaryPositions does.
+the scores, or None) and, to turn queries and keys, ``angles(positions)`` and ``span(start, length)``
+as RotaryPositions does. The entry says which of the two a relative kind does (its ``rotary`` and
+``bias`` flags): the stacks, prefix-tuning, the fused decoding step and the attention kinds that
+compute no score matrix ask the flags, never the class.
 Formats and Hugging Face families that take one kind only (export/hf.py: Marian's sinusoids;
 interop: BERT and GPT-2 learned, NeoX RoPE, Bloom ALiBi, T5 its bias) name it themselves."""
 
@@ -311,7 +314,10 @@ class PositionKind:
     takes none). ``build(cfg)``: the module of one stack, for a ModelConfig ``cfg``. ``limit(cfg)``:
     how many positions that module can read, None when it extends without limit. ``check(cfg)``:
     why ``cfg`` cannot take this kind (the message ModelConfig raises), or None. ``grid``: True
-    for a kind that numbers a grid of image patches (model.inputs patches), not any sequence."""
+    for a kind that numbers a grid of image patches (model.inputs patches), not any sequence.
+    A relative kind's flags: ``rotary``, it turns queries and keys by their positions (RoPE: its
+    module gives ``span``); ``bias``, it adds a term to the scores (ALiBi, T5), so it needs
+    attention that computes them. The module it builds carries ``rotary`` too (:func:`rotates`)."""
 
     name: str
     role: str
@@ -319,10 +325,14 @@ class PositionKind:
     limit: Callable[[Any], int | None] = _no_limit
     check: Callable[[Any], str | None] = _fits
     grid: bool = False
+    rotary: bool = False
+    bias: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"position kind {self.name!r}: role must be one of {list(ROLES)}, got {self.role!r}")
+        if self.role == "absolute" and (self.rotary or self.bias):
+            raise ValueError(f"position kind {self.name!r}: rotary and bias are flags of a relative kind")
 
 
 # config.POSITIONS is the table ModelConfig checks ``positional`` against; it is filled here, once.
@@ -338,12 +348,12 @@ POSITIONS.update({kind.name: kind for kind in (
                  limit=lambda cfg: 1 + patch_grid(cfg)[0] * patch_grid(cfg)[1], check=_patch_grid_kind, grid=True),
     # RoPE (Su et al. 2021): queries and keys turned by their positions.
     PositionKind("rope", "relative", lambda cfg: RotaryPositions(cfg.d_k, cfg.rope_base, cfg.rope_scaling),
-                 check=_even_d_k),
+                 check=_even_d_k, rotary=True),
     # ALiBi (Press et al. 2022): a fixed slope per head times the distance.
-    PositionKind("alibi", "relative", lambda cfg: AlibiPositions(cfg.n_heads)),
+    PositionKind("alibi", "relative", lambda cfg: AlibiPositions(cfg.n_heads), bias=True),
     # T5 (Raffel et al. 2020): a learned scalar per head and bucket of relative position.
     PositionKind("t5", "relative",
-                 lambda cfg: T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance)),
+                 lambda cfg: T5Positions(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance), bias=True),
 )})
 
 
@@ -373,7 +383,23 @@ def position_limit(cfg) -> int | None:
 def _module(cfg, role: str) -> nn.Module | None:
     check_positional(cfg)  # the kind's own check too, before its module is built
     kind = position_kind(cfg)
-    return kind.build(cfg) if kind.role == role else None
+    if kind.role != role:
+        return None
+    module = kind.build(cfg)
+    module.rotary = kind.rotary  # what the stacks and the fused step ask it (``rotates``)
+    return module
+
+
+def rotates(module: nn.Module | None) -> bool:
+    """Whether a stack's relative-position module (or None) turns queries and keys, as its kind's
+    ``rotary`` flag says: the stacks hand it to attention as a rotation, not a score bias."""
+    return bool(getattr(module, "rotary", False))
+
+
+def adds_bias(cfg) -> bool:
+    """Whether ModelConfig ``cfg``'s positions add a term to the attention scores (the kind's
+    ``bias`` flag: ALiBi, T5), which attention that computes no score matrix cannot take."""
+    return position_kind(cfg).bias
 
 
 def absolute_positions(cfg) -> nn.Module | None:

@@ -165,7 +165,7 @@ def check_fits(model: nn.Module, spec: PrefixSpec | PromptSpec, where: str) -> N
     """Refuse, in one line, a model the spec cannot adapt."""
     from .inputs import input_kind
     from .kinds import full_attention
-    from .positional import RotaryPositions, relative_positions
+    from .positional import relative_positions, rotates
 
     cfg = model.cfg
     key = f"train.{spec.kind}"
@@ -184,7 +184,7 @@ def check_fits(model: nn.Module, spec: PrefixSpec | PromptSpec, where: str) -> N
                             f"{cfg.kv_heads} (grouped-query attention, n_kv_heads {cfg.kv_heads}): use train.prompt "
                             f"or train.lora")
     relative = relative_positions(cfg)
-    if relative is not None and not isinstance(relative, RotaryPositions):
+    if relative is not None and not rotates(relative):
         raise AtencionError(f"{where}: {key} keys carry no position; positions {cfg.positional!r} add a bias by "
                             f"key position: use learned, sinusoidal or rope positions, or train.prompt")
 

@@ -19,7 +19,7 @@ from .kinds import full_attention, shared_module
 from .layers import ACTIVATIONS, Block, Generator, make_norm
 from .model import Model
 from .model_dir import register_arch
-from .positional import RotaryPositions, TokenEmbedding, absolute_positions, relative_positions
+from .positional import TokenEmbedding, absolute_positions, relative_positions, rotates
 from .prefix import places, visible_first
 
 
@@ -28,7 +28,7 @@ def _relative_terms(relative: nn.Module | None, offset: int, length: int, q_pos:
     """The relative-position terms of one stack's self-attention: new tokens at offset, …,
     offset + length − 1 (RoPE turns them), queries at ``q_pos`` and keys at ``k_pos`` in the layout
     of the scores (what a score bias or a kind's pattern reads)."""
-    if isinstance(relative, RotaryPositions):
+    if rotates(relative):
         return RelativeTerms(rotary=relative.span(offset, length), q_pos=q_pos, k_pos=k_pos, causal=causal)
     return RelativeTerms(relative=relative, q_pos=q_pos, k_pos=k_pos, causal=causal)
 
@@ -41,6 +41,13 @@ def _first_key(state: DecoderState | None) -> int:
         return 0
     held = state.self_caches[0].k
     return state.offset - (0 if held is None else held.size(2))
+
+
+def _check_select(select: Tensor, tgt_in_ids: Tensor) -> None:
+    """``select`` (Transformer.forward) must be a boolean mask shaped like the target ids."""
+    if select.shape != tgt_in_ids.shape or select.dtype != torch.bool:
+        raise AtencionError(f"select must be a boolean mask shaped like tgt_in_ids "
+                            f"{tuple(tgt_in_ids.shape)}, got {select.dtype} {tuple(select.shape)}")
 
 
 class Encoder(nn.Module):
@@ -74,21 +81,7 @@ class Encoder(nn.Module):
         made of the raw batch (``Transformer._encode``). A prompt's places come first (``mask``
         covers them: ``_encode`` extended it); a prefix's keys come before every layer's keys, and
         the tokens take the places after them (nn/prefix.py)."""
-        x = self.embed(src_ids) if self.tokens else src_ids
-        offset, prefix = 0, None
-        if self.prompt is not None:
-            x = self.prompt.prepend(x)
-            if token_type_ids is not None:  # the prompt's places are of type 0 (as PEFT gives them)
-                token_type_ids = torch.cat([token_type_ids.new_zeros(x.size(0), self.prompt.length), token_type_ids], 1)
-        if self.prefix is not None:
-            prefix, offset = self.prefix(), self.prefix.length
-        if self.positions is not None:
-            x = x + self.positions(x.size(1), offset)
-        if self.token_types is not None:
-            types = token_type_ids if token_type_ids is not None else x.new_zeros(x.shape[:2], dtype=torch.long)
-            x = x + self.token_types(types)
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
+        x, offset, prefix = self._inputs(src_ids, token_type_ids)
         positions = None
         if self.relative is not None or not self.full:  # bidirectional: every query sees every key
             where = torch.arange(offset, offset + x.size(1), device=x.device)
@@ -110,6 +103,27 @@ class Encoder(nn.Module):
         if packing is not None:
             x = packing.unpack(x)
         return x, attentions
+
+    def _inputs(self, src_ids: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, int, list | None]:
+        """What the first layer reads: the embeddings (a prompt's places first) plus the absolute
+        positions and the token types, normalised if BERT's; with the place of the first token
+        (after a prefix's) and the prefix's keys and values per layer (or None)."""
+        x = self.embed(src_ids) if self.tokens else src_ids
+        offset, prefix = 0, None
+        if self.prompt is not None:
+            x = self.prompt.prepend(x)
+            if token_type_ids is not None:  # the prompt's places are of type 0 (as PEFT gives them)
+                token_type_ids = torch.cat([token_type_ids.new_zeros(x.size(0), self.prompt.length), token_type_ids], 1)
+        if self.prefix is not None:
+            prefix, offset = self.prefix(), self.prefix.length
+        if self.positions is not None:
+            x = x + self.positions(x.size(1), offset)
+        if self.token_types is not None:
+            types = token_type_ids if token_type_ids is not None else x.new_zeros(x.shape[:2], dtype=torch.long)
+            x = x + self.token_types(types)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return x, offset, prefix
 
 
 class Decoder(nn.Module):
@@ -150,7 +164,7 @@ class Decoder(nn.Module):
         positions = None
         if self.relative is not None or not self.full:
             q_pos = k_pos = None
-            if not (self.full and isinstance(self.relative, RotaryPositions)):  # (RoPE reads the new places alone)
+            if not (self.full and rotates(self.relative)):  # (a rotation reads the new places alone)
                 new = torch.arange(offset, offset + length, device=tgt_ids.device)
                 group = state.group if state is not None else 1
                 keys = torch.arange(_first_key(state), offset + length, device=tgt_ids.device)
@@ -288,16 +302,7 @@ class Transformer(Model):
         if self.cfg.arch != "encoder-decoder":
             if tgt_in_ids is not None:
                 raise AtencionError(f"a {self.cfg.arch}-only model takes one sequence: model(input_ids)")
-            hidden, attentions = self.hidden(src_ids, src_mask, return_attention, token_type_ids, lengths)
-            if select is not None:
-                hidden = hidden[select]
-            if self.cfg.arch == "encoder" and self.mlm_head is None:
-                logits = hidden
-            elif self.cfg.arch == "encoder":
-                logits = self.mlm_head(hidden) if project else self.mlm_head.transform(hidden)
-            else:
-                logits = self.generator(hidden) if project else hidden
-            return (logits, attentions) if return_attention else logits
+            return self._one_stack(src_ids, src_mask, return_attention, select, project, token_type_ids, lengths)
         if tgt_in_ids is None:
             raise AtencionError("an encoder-decoder model takes model(src_ids, tgt_in_ids)")
         # the encoder skips the source padding here (its output there is never read)
@@ -313,9 +318,7 @@ class Transformer(Model):
         hidden, dec_attn, cross_attn = self.decoder(tgt_in_ids, memory, tgt_mask, src_mask,
                                                     need_weights=return_attention)
         if select is not None:
-            if select.shape != tgt_in_ids.shape or select.dtype != torch.bool:
-                raise AtencionError(f"select must be a boolean mask shaped like tgt_in_ids "
-                                 f"{tuple(tgt_in_ids.shape)}, got {select.dtype} {tuple(select.shape)}")
+            _check_select(select, tgt_in_ids)
             hidden = hidden[select]
         if self.cfg.scale_output:
             hidden = hidden * self.cfg.d_model ** -0.5
@@ -323,6 +326,20 @@ class Transformer(Model):
         if return_attention:
             return logits, {"encoder": enc_attn, "decoder": dec_attn, "cross": cross_attn}
         return logits
+
+    def _one_stack(self, input_ids, mask, return_attention, select, project, token_type_ids, lengths):
+        """``forward`` of the single-stack archs: the masked-LM head's logits (or its transform), the
+        next-token logits (or the stack's output), or, for an encoder that reads no tokens, its output."""
+        hidden, attentions = self.hidden(input_ids, mask, return_attention, token_type_ids, lengths)
+        if select is not None:
+            hidden = hidden[select]
+        if self.cfg.arch == "encoder" and self.mlm_head is None:
+            logits = hidden
+        elif self.cfg.arch == "encoder":
+            logits = self.mlm_head(hidden) if project else self.mlm_head.transform(hidden)
+        else:
+            logits = self.generator(hidden) if project else hidden
+        return (logits, attentions) if return_attention else logits
 
     def hidden(self, input_ids: Tensor, mask: Tensor | None = None, return_attention: bool = False,
                token_type_ids: Tensor | None = None, lengths: Tensor | None = None) -> tuple[Tensor, dict[str, list]]:

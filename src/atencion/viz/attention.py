@@ -60,7 +60,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ..config import TWO_STACKS
+from ..config import ATTENTION_KINDS, TWO_STACKS
 from ..decode.sample import generate_ids
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError
@@ -69,16 +69,15 @@ from ..nn.prefix import places
 
 log = logging.getLogger(__name__)
 
-# What the self-attention maps of a kind other than eq. (1) show (model.attention, nn/kinds/).
-KIND_NOTES = {
-    "flash": "flash computes eq. (1) exactly: these are its weights",
-    "window": "a sliding window: zero outside each query's window",
-    "longformer": "Longformer: zero outside each query's window, except the global tokens' rows and columns",
-    "bigbird": "BigBird: zero outside each query's neighbour, random and global blocks",
-    "linformer": "Linformer: the effective weights on the input positions, P·F (softmax over the projected keys, "
-                 "times the values' projection); they need not be positive nor sum to 1",
-    "performer": "Performer: the weights its random features imply, φ(q)·φ(k) normalised (an estimate of eq. (1)'s)",
-}
+def kind_note(kind: str) -> str:
+    """What the self-attention maps of attention kind ``kind`` show, beside eq. (1)'s legend (its
+    KindSpec's ``note``, nn/kinds/): "" for eq. (1) itself; a kind the registry does not know (a
+    model saved by another version) gets a line that says so instead of failing."""
+    spec = ATTENTION_KINDS.get(kind)
+    if spec is None:
+        return f"attention kind {kind!r}: these are the weights it computed, whatever they mean for that kind"
+    return spec.note
+
 
 CAUTION = ("attention weights help to inspect a model; they are not a causal explanation "
            "of its decisions")
@@ -132,7 +131,7 @@ class Attention:
     encoder: AttentionMap | None
     decoder: AttentionMap | None
     cross: AttentionMap
-    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, KIND_NOTES
+    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, kind_note
 
     def maps(self) -> dict[str, AttentionMap]:
         return {kind: getattr(self, kind) for kind in KINDS if getattr(self, kind) is not None}
@@ -151,7 +150,7 @@ class SelfAttention:
     generated: str
     new_tokens: int
     self_attention: AttentionMap
-    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, KIND_NOTES
+    attention_kind: str = "full"  # the self-attention's kind (model.attention): what its maps show, kind_note
 
     def maps(self) -> dict[str, AttentionMap]:
         return {self.self_attention.kind: self.self_attention}
@@ -392,23 +391,7 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
         raise AtencionError(f"{len(sources)} lines in {names[0]}, {len(targets)} in {names[1]} and {len(gold)} "
                             f"in {names[2]}: the files must be aligned line by line")
     n = len(sources) if max_sentences <= 0 else min(max_sentences, len(sources))
-    links = []
-    for k in range(n):
-        if not sources[k].strip():
-            raise AtencionError(f"{names[0]} line {k + 1}: the source sentence is empty")
-        for name, text, pieces in ((names[0], sources[k], tokenizer.src_pieces), (names[1], targets[k],
-                                                                                    tokenizer.tgt_pieces)):
-            if max_tokens and len(pieces(text)) > max_tokens:
-                raise AtencionError(f"{name} line {k + 1}: {len(pieces(text))} subword pieces, more than the "
-                                    f"limit of {max_tokens} (--max-tokens)")
-        s, p = parse_pharaoh(gold[k], f"{names[2]} line {k + 1}")
-        words = (len(sources[k].split()), len(targets[k].split()))
-        outside = sorted(link for link in p if link[0] >= words[0] or link[1] >= words[1])
-        if outside:
-            i, j = outside[0]
-            raise AtencionError(f"{names[2]} line {k + 1}: link {i}-{j} points past the sentence pair, which has "
-                                f"{words[0]} source and {words[1]} target words (positions from 0)")
-        links.append((s, p))
+    links = [_gold_links(tokenizer, sources[k], targets[k], gold[k], k + 1, names, max_tokens) for k in range(n)]
     n_layers, n_heads = (1, 1) if model.cfg.arch == "rnn" else (model.cfg.decoder_layers, model.cfg.n_heads)
     layer_links: list[list[set[Link]]] = [[] for _ in range(n_layers)]
     head_links = [[[] for _ in range(n_heads)] for _ in range(n_layers)]
@@ -438,6 +421,26 @@ def evaluate_alignment(model, tokenizer, sources: list[str], targets: list[str],
     return {"sentences": n, "shift": shift, "layers": layers, "layers_mean": aer(mean_links),
             "best_layer": int(np.argmin(layers)) + 1,
             "heads": [[aer(links) for links in per_layer] for per_layer in head_links]}
+
+
+def _gold_links(tokenizer, source: str, target: str, gold: str, line: int, names: tuple[str, str, str],
+                max_tokens: int) -> tuple[set[Link], set[Link]]:
+    """The sure and possible links of one gold line, its sentence pair checked first: a source that
+    is not empty, no more than ``max_tokens`` pieces a side (0: no limit), links within its words."""
+    if not source.strip():
+        raise AtencionError(f"{names[0]} line {line}: the source sentence is empty")
+    for name, text, pieces in ((names[0], source, tokenizer.src_pieces), (names[1], target, tokenizer.tgt_pieces)):
+        if max_tokens and len(pieces(text)) > max_tokens:
+            raise AtencionError(f"{name} line {line}: {len(pieces(text))} subword pieces, more than the "
+                                f"limit of {max_tokens} (--max-tokens)")
+    s, p = parse_pharaoh(gold, f"{names[2]} line {line}")
+    words = (len(source.split()), len(target.split()))
+    outside = sorted(link for link in p if link[0] >= words[0] or link[1] >= words[1])
+    if outside:
+        i, j = outside[0]
+        raise AtencionError(f"{names[2]} line {line}: link {i}-{j} points past the sentence pair, which has "
+                            f"{words[0]} source and {words[1]} target words (positions from 0)")
+    return s, p
 
 
 def format_aer_table(result: dict) -> str:

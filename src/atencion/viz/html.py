@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import json
 
-from .attention import CAUTION, KIND_NOTES, Attention, SelfAttention
+from .attention import CAUTION, Attention, SelfAttention, kind_note
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -102,9 +102,10 @@ setup();
 
 def _legends(attention: Attention | SelfAttention) -> dict[str, str]:
     legends = _eq1_legends(attention)
-    if attention.attention_kind != "full":  # the self-attention maps of another kind: say what they show
+    note = kind_note(attention.attention_kind)  # the self-attention maps of another kind: what they show
+    if note:
         for kind in ("encoder", "decoder"):
-            legends[kind] = f"{legends[kind]}; {KIND_NOTES[attention.attention_kind]}"
+            legends[kind] = f"{legends[kind]}; {note}"
     return legends
 
 

@@ -12,17 +12,34 @@ Performer a running sum). Cross-attention is always eq. (1). A kind's masks are 
 ``causal`` and a key-padding mask (batch, 1, 1, keys), never an n × n tensor. Under grouped-query
 attention the caches keep the n_kv_heads key/value heads and a kind sees them repeated to the
 query heads (attention.repeat_kv), after the cache.
+
+``ATTENTION_KINDS`` (config.py keeps the table, empty until this module fills it: config.py does not
+import torch) names every kind once, as a :class:`KindSpec`: its settings and their defaults, the
+lowest value of each integer setting, its check of the config, the note the attention explorer
+shows beside its maps, and its builder. ``ModelConfig.attention`` is checked against it
+(config.attention_settings), and the layers (:func:`make_kind`, :func:`shared_module`) and the
+explorer (viz/attention.kind_note) ask it instead of naming kinds.
+
+Adding a kind: a subclass of :class:`AttentionKind` (its computation in a module of its own, as
+flash.py and sparse.py are) and one KindSpec in ``ATTENTION_KINDS`` below; nothing else names it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
+from ...config import ATTENTION_KINDS, attention_settings
+from ...errors import AtencionError
 from ..attention import causal_mask, repeat_kv, scaled_dot_product_attention, stack_beams, unstack_beams
 from ..cache import BeamKVCache, KVCache
+from ..positional import adds_bias
 from .flash import flash_attention
-from .linformer import LinformerProjection, linformer_attention
+from .linformer import SHARING, LinformerProjection, linformer_attention
 from .performer import PerformerFeatures, PerformerState, performer_attention, performer_step
 from .sparse import bigbird_attention, bigbird_pattern, longformer_attention, window_attention
 
@@ -230,36 +247,148 @@ class Performer(AttentionKind):
         return unstack_beams(out, group)
 
 
+# the registry: every kind, named once ------------------------------------------------------------
+
+def _takes_any(cfg, settings: dict) -> None:
+    return None
+
+
+def _shares_nothing(cfg) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One kind of self-attention (a value of ``model.attention.kind``) and what atencion asks of it.
+
+    ``note``: what its self-attention maps show, beside eq. (1)'s legend in the attention explorer
+    ("" for eq. (1) itself). ``settings``: its settings with their defaults (config.json names every
+    one). ``at_least``: the lowest value of each integer setting; ``choices``: the names each
+    setting that takes a name may take. ``check(cfg, settings)``: raises AtencionError, naming the
+    key, where ModelConfig ``cfg`` cannot take the kind; it may normalise ``settings`` in place.
+    ``build(cfg, causal, layer, shared)``: the AttentionKind of one self-attention layer
+    (``layer``: its place in the stack, ``shared``: what :attr:`shared` made); None for eq. (1)
+    itself, which builds none. ``shared(cfg)``: a module every layer of a stack shares, or None."""
+
+    name: str
+    note: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    at_least: dict[str, int] = field(default_factory=dict)
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    check: Callable[[Any, dict], None] = _takes_any
+    build: Callable[[Any, bool, int, nn.Module | None], AttentionKind] | None = None
+    shared: Callable[[Any], nn.Module | None] = _shares_nothing
+
+
+def _no_bias(cfg, kind: str) -> None:
+    """A kind that computes no score matrix cannot take positions that add a bias to the scores."""
+    if adds_bias(cfg):
+        raise AtencionError(f"attention.kind {kind} computes no score matrix to add positional {cfg.positional!r}'s "
+                            f"bias to; use positional rope, sinusoidal or learned")
+
+
+def _longformer_check(cfg, settings: dict) -> None:
+    settings["global_tokens"] = _global_tokens(settings["global_tokens"], cfg.max_positions)
+
+
+def _global_tokens(value: Any, max_positions: int) -> int | list[int]:
+    """Longformer's global tokens: the first N (an integer), or a list of positions."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= max_positions:
+            raise AtencionError(f"attention.global_tokens must be between 0 and max_positions ({max_positions}) "
+                                f"(the first N tokens), got {value}")
+        return value
+    if not isinstance(value, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+        raise AtencionError(f"attention.global_tokens must be a count (the first N tokens) or a list of positions, "
+                            f"got {value!r}")
+    for position in value:
+        if not 0 <= position < max_positions:
+            raise AtencionError(f"attention.global_tokens: position {position} is beyond the length this model "
+                                f"takes (max_positions {max_positions})")
+    return sorted(set(value))
+
+
+def _linformer_check(cfg, settings: dict) -> None:
+    if cfg.arch != "encoder":
+        raise AtencionError(f"attention.kind linformer projects the keys along the whole length, so no query "
+                            f"can be kept from the future: it is for arch 'encoder', not {cfg.arch!r} (use "
+                            f"window, performer or flash)")
+    if settings["proj_len"] > cfg.max_positions:
+        raise AtencionError(f"attention.proj_len ({settings['proj_len']}) must be at most max_positions "
+                            f"({cfg.max_positions}), the longest input the projection takes")
+    _no_bias(cfg, "linformer")
+
+
+def _linformer_shared(cfg) -> nn.Module | None:
+    """Linformer's one projection for every layer, under ``sharing: layerwise``."""
+    settings = cfg.attention
+    if settings["sharing"] != "layerwise":
+        return None
+    return LinformerProjection(cfg.n_heads, cfg.max_positions, settings["proj_len"], "layerwise")
+
+
+# config.ATTENTION_KINDS is the table ModelConfig checks ``attention`` against; it is filled here, once.
+# (The order is the one error messages list.)
+ATTENTION_KINDS.update({kind.name: kind for kind in (
+    # eq. (1) itself, torch's fused kernel: no module of its own.
+    KindSpec("full", ""),
+    # eq. (1) in tiles with the online softmax (Dao et al. 2022).
+    KindSpec("flash", "flash computes eq. (1) exactly: these are its weights",
+             {"q_tile": 128, "k_tile": 128}, {"q_tile": 1, "k_tile": 1},
+             build=lambda cfg, causal, layer, shared: Flash(cfg.attention, causal)),
+    # a sliding window of keys (Longformer, Mistral).
+    KindSpec("window", "a sliding window: zero outside each query's window",
+             {"window": 256}, {"window": 1},
+             build=lambda cfg, causal, layer, shared: Window(cfg.attention, causal)),
+    # the window and global tokens (Beltagy et al. 2020).
+    KindSpec("longformer", "Longformer: zero outside each query's window, except the global tokens' rows and "
+                           "columns",
+             {"window": 256, "global_tokens": 1}, {"window": 1}, check=_longformer_check,
+             build=lambda cfg, causal, layer, shared: Longformer(cfg.attention, causal)),
+    # neighbour, random and global blocks (Zaheer et al. 2020).
+    KindSpec("bigbird", "BigBird: zero outside each query's neighbour, random and global blocks",
+             {"block_size": 64, "random_blocks": 3, "global_blocks": 1, "seed": 0},
+             {"block_size": 1, "random_blocks": 0, "global_blocks": 0, "seed": 0},
+             build=lambda cfg, causal, layer, shared: BigBird(cfg.attention, causal, cfg.n_heads, layer)),
+    # keys and values projected along the length, n → k (Wang et al. 2020).
+    KindSpec("linformer", "Linformer: the effective weights on the input positions, P·F (softmax over the "
+                          "projected keys, times the values' projection); they need not be positive nor sum to 1",
+             {"proj_len": 256, "sharing": "headwise"}, {"proj_len": 1}, {"sharing": SHARING}, _linformer_check,
+             build=lambda cfg, causal, layer, shared: Linformer(cfg.attention, causal, cfg.n_heads,
+                                                                cfg.max_positions, shared),
+             shared=_linformer_shared),
+    # FAVOR+, positive random features (Choromanski et al. 2021).
+    KindSpec("performer", "Performer: the weights its random features imply, φ(q)·φ(k) normalised (an estimate "
+                          "of eq. (1)'s)",
+             {"features": 256, "redraw": 0, "seed": 0}, {"features": 1, "redraw": 0, "seed": 0},
+             check=lambda cfg, settings: _no_bias(cfg, "performer"),
+             build=lambda cfg, causal, layer, shared: Performer(cfg.attention, causal, cfg.d_k, layer)),
+)})
+
+
+def attention_kind(cfg) -> KindSpec:
+    """The kind ``cfg.attention`` names (None: full). A config made before this module was imported
+    (config.py does not import torch) has its ``attention`` checked and completed here."""
+    if cfg.attention is None:
+        return ATTENTION_KINDS["full"]
+    cfg.attention = attention_settings(cfg)  # a complete setting is returned as it was
+    return ATTENTION_KINDS[cfg.attention["kind"]]
+
+
 def full_attention(cfg) -> bool:
-    """Whether self-attention is eq. (1) itself (no ``attention``, or ``kind: full``)."""
-    return cfg.attention is None or cfg.attention["kind"] == "full"
+    """Whether self-attention is eq. (1) itself (no ``attention``, or a kind that builds no module: full)."""
+    return attention_kind(cfg).build is None
 
 
 def make_kind(cfg, causal: bool, layer: int, shared: nn.Module | None = None) -> AttentionKind | None:
     """The kind of one self-attention layer (``layer``: its place in the stack), or None for eq. (1)."""
-    if full_attention(cfg):
-        return None
-    settings = cfg.attention
-    kind = settings["kind"]
-    if kind == "flash":
-        return Flash(settings, causal)
-    if kind == "window":
-        return Window(settings, causal)
-    if kind == "longformer":
-        return Longformer(settings, causal)
-    if kind == "bigbird":
-        return BigBird(settings, causal, cfg.n_heads, layer)
-    if kind == "linformer":
-        return Linformer(settings, causal, cfg.n_heads, cfg.max_positions, shared)
-    return Performer(settings, causal, cfg.d_k, layer)
+    build = attention_kind(cfg).build
+    return None if build is None else build(cfg, causal, layer, shared)
 
 
 def shared_module(cfg) -> nn.Module | None:
-    """What every layer of a stack shares: Linformer's one projection under ``sharing: layerwise``."""
-    settings = cfg.attention
-    if settings is None or settings["kind"] != "linformer" or settings["sharing"] != "layerwise":
-        return None
-    return LinformerProjection(cfg.n_heads, cfg.max_positions, settings["proj_len"], "layerwise")
+    """What every layer of a stack shares (Linformer's one projection under ``sharing: layerwise``), or None."""
+    return attention_kind(cfg).shared(cfg)
 
 
 # caches and helpers ------------------------------------------------------------------------------
@@ -323,4 +452,5 @@ def _masked_performer(q, k, v, mask, features, scale):
     return weights @ v
 
 
-__all__ = ["AttentionKind", "RollingKVCache", "full_attention", "make_kind", "shared_module"]
+__all__ = ["ATTENTION_KINDS", "AttentionKind", "KindSpec", "RollingKVCache", "attention_kind", "full_attention",
+           "make_kind", "shared_module"]
