@@ -3,8 +3,9 @@ and generation steps of a decoder-only model, old and new taking turns in one pr
 ratio taken pair by pair.
 
     git worktree add /tmp/old HEAD~3
-    python benchmarks/ab_versions.py /tmp/old/src            # 12 pairs, about two minutes on 2 cores
-    ATENCION_FUSED=0 python benchmarks/ab_versions.py /tmp/old/src   # generation layer by layer
+    python -m benchmarks.ab_versions /tmp/old/src            # 12 pairs, about two minutes on 2 cores
+    ATENCION_FUSED=0 python -m benchmarks.ab_versions /tmp/old/src   # generation layer by layer
+    python -m benchmarks.ab_versions --smoke                 # this checkout against itself, in seconds
 
 The generation rows time 40 steps of batch ``--rows`` after a 16-token prompt, of ``--lm``'s shape
 (SmolLM-135M's by default: its products dominate) and of the same preset shrunk to 30 layers of
@@ -19,6 +20,7 @@ one process. Prints, for time new/old, the median and range of the pairs (below 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import statistics
 import sys
@@ -26,10 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import ROOT, SMOKE_HELP, smoke_requested, timed
 
-def main() -> None:
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
+
+
+def main(argv: list[str] | None = None) -> None:
+    smoke = smoke_requested(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("old_src", help="the src/ directory of the other checkout (it holds atencion/)")
+    parser.add_argument("old_src", nargs="?" if smoke else None,
+                        help="the src/ directory of the other checkout (it holds atencion/)")
     parser.add_argument("--pairs", type=int, default=12, help="alternations (default: 12)")
     parser.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
     parser.add_argument("--vocab", type=int, default=8000, help="vocabulary (default: 8000)")
@@ -38,13 +46,21 @@ def main() -> None:
                         "timed (default: smollm-135m; none: skip them)")
     parser.add_argument("--lm-vocab", type=int, default=49152, help="its vocabulary (default: 49152, SmolLM's)")
     parser.add_argument("--rows", type=int, default=1, help="generation batch (default: 1)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here this checkout against itself "
+                        "(OLD_SRC: this src/), one pair, gpt-tiny's generation")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return main([args.old_src or str(ROOT / "src"), "--pairs", "1", "--vocab", "300", "--threads", "1",
+                     "--lm", "gpt-tiny", "--lm-vocab", "256"])
     package = Path(args.old_src) / "atencion"
     if not (package / "__init__.py").is_file():
         sys.exit(f"{args.old_src}: no atencion package there (give the other checkout's src/)")
     holder = Path(tempfile.mkdtemp())
     shutil.copytree(package, holder / "atencion_old")
-    sys.path.insert(0, str(holder))
+    init = holder / "atencion_old" / "__init__.py"  # imported by its path: nothing added to sys.path
+    spec = importlib.util.spec_from_file_location("atencion_old", init, submodule_search_locations=[str(init.parent)])
+    sys.modules["atencion_old"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["atencion_old"])
 
     import atencion_old
     import torch
@@ -89,11 +105,6 @@ def main() -> None:
     def decode(model, beam_fn):
         model.eval()
         return beam_fn(model, src[:32], 4, 0.6, 0, 25)
-
-    def timed(f) -> float:
-        began = time.perf_counter()
-        f()
-        return time.perf_counter() - began
 
     same = [[h.tokens for h in x] for x in decode(new, new_beam)] == [[h.tokens for h in x] for x in
                                                                       decode(old, old_beam)]

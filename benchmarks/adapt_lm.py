@@ -2,9 +2,10 @@
 prefix-tuning (Li and Liang 2021) and prompt tuning (Lester et al. 2021) from the same base, beside
 the base as it is and a model trained on Shakespeare from scratch, each for the same updates.
 
-    python benchmarks/adapt_lm.py --out runs/adapt_lm                  # about 15 min at one thread
-    python benchmarks/adapt_lm.py --out runs/adapt_lm --seeds 1 2 3    # the adaptations three times each
-    python benchmarks/adapt_lm.py --out runs/adapt_lm-smoke --base-steps 20 --steps 10   # a look
+    python -m benchmarks.adapt_lm --out runs/adapt_lm                  # about 15 min at one thread
+    python -m benchmarks.adapt_lm --out runs/adapt_lm --seeds 1 2 3    # the adaptations three times each
+    python -m benchmarks.adapt_lm --out runs/adapt_lm-smoke --base-steps 20 --steps 10   # a look
+    python -m benchmarks.adapt_lm --smoke                                                # seconds: a check
 
 Steps (a finished step is reused when the command is run again):
 1. OUT/data: the English side of Multi30k's training set (the base's text), Tiny Shakespeare's
@@ -35,8 +36,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, TINY_MODEL, smoke_dir, tiny_multi30k, tiny_text
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 CONFIG = ROOT / "configs" / "shakespeare_char.yaml"
 # 16 more learned positions than the blocks: prefix and prompt places come first (tokens after them)
 COMMON = ["model.max_positions=80", "train.valid_every=1000000", "train.progress=false", "train.tensorboard=false",
@@ -50,16 +52,16 @@ METHODS = {
 }
 
 
-def prepare(out: Path) -> Path:
+def prepare(out: Path, sources: Path = DATA) -> Path:
     from atencion.data.text import split_tail
     from atencion.data.tokenizer import Tokenizer
 
     data = out / "data"
     if (data / "tokenizer").is_dir():
         return data
-    with gzip.open(DATA / "multi30k" / "raw" / "train.en.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(sources / "multi30k" / "raw" / "train.en.gz", "rt", encoding="utf-8") as f:
         captions = f.read().splitlines()
-    with gzip.open(DATA / "tinyshakespeare" / "input.txt.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(sources / "tinyshakespeare" / "input.txt.gz", "rt", encoding="utf-8") as f:
         shakespeare = f.read().splitlines()
     train, valid = split_tail(shakespeare, 0.1)
     data.mkdir(parents=True, exist_ok=True)
@@ -108,12 +110,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=1000, help="each adaptation's updates (default 1,000)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="train.seed of the adaptations")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--data", default=str(DATA), help="where multi30k/raw/train.en.gz and "
+                        "tinyshakespeare/input.txt.gz are (default: ../shared/data)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every run, after the method's (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("adapt_lm") as tmp:
+            tiny_multi30k(tmp / "data" / "multi30k")
+            tiny_text(tmp / "data" / "tinyshakespeare" / "input.txt.gz")
+            sets = [*TINY_MODEL, "train.max_tokens=256"]
+            return main(["--out", str(tmp / "adapt_lm"), "--data", str(tmp / "data"), "--base-steps", "2", "--steps",
+                         "2", *[a for s in sets for a in ("--set", s)]])
     out = Path(args.out)
-    data = prepare(out)
+    data = prepare(out, Path(args.data))
     threads = f"train.threads={args.threads}"
     base = run([f"data.train_text={data / 'captions.txt'}", f"data.valid_text={data / 'shakespeare.valid.txt'}",
-                f"data.tokenizer_dir={data / 'tokenizer'}", f"train.max_steps={args.base_steps}", threads],
+                f"data.tokenizer_dir={data / 'tokenizer'}", f"train.max_steps={args.base_steps}", threads, *args.set],
                out / "base")
     report = {"settings": vars(args), "base": score(base, data), "methods": {}}
     for name, overrides in METHODS.items():
@@ -125,8 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
             if name == "scratch":
                 text.append(f"data.tokenizer_dir={data / 'tokenizer'}")
             run_dir = out / f"{name}_seed{seed}"
-            best = run([*text, *start, *overrides, f"train.max_steps={args.steps}", f"train.seed={seed}", threads],
-                       run_dir)
+            best = run([*text, *start, *overrides, f"train.max_steps={args.steps}", f"train.seed={seed}", threads,
+                        *args.set], run_dir)
             scores = score(best, data)
             runs.append({"seed": seed, **scores, "trained": adapter_parameters(best) or scores["parameters"]})
             print(json.dumps({"method": name, **runs[-1]}), file=sys.stderr, flush=True)

@@ -2,8 +2,8 @@
 attention and a Transformer, the same minutes each, on the demo grammar's long sentences
 (docs/rnn.md, experiment 1a; Bahdanau et al. 2015, Figure 2).
 
-    python benchmarks/bottleneck.py --out runs/bottleneck --minutes 6 --threads 1 --only rnn_none
-    python benchmarks/bottleneck.py --out runs/bottleneck --report docs/figures/rnn_bottleneck.png
+    python -m benchmarks.bottleneck --out runs/bottleneck --minutes 6 --threads 1 --only rnn_none
+    python -m benchmarks.bottleneck --out runs/bottleneck --report docs/figures/rnn_bottleneck.png
 
 The corpus: ``grammar.split_long`` (nested relative clauses, adverbs, clauses joined by y/pero),
 Spanish sentences of 5 to 60 words spread evenly, --train pairs to train on, 300 to validate and
@@ -21,20 +21,22 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, SMOKE_HELP, smoke_dir
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 MODELS = {"rnn_none": ("toy_es_en_rnn.yaml", ["model.rnn.attention=none"]),
           "rnn_bahdanau": ("toy_es_en_rnn.yaml", []),
           "transformer": ("toy_es_en.yaml", [])}
 BUCKETS = [(5, 14), (15, 24), (25, 34), (35, 44), (45, 60)]
 
 
-def corpus(out: Path, n_train: int, n_test: int, seed: int) -> dict:
+def corpus(out: Path, n_train: int, n_test: int, seed: int, n_valid: int = 300) -> dict:
     from atencion.demo import grammar
 
     data = out / "data"
     if not (data / "test.es").is_file():
-        train_pairs, held_out = grammar.split_long(n_train, 300 + n_test, seed=seed)
-        for name, pairs in (("train", train_pairs), ("valid", held_out[:300]), ("test", held_out[300:])):
+        train_pairs, held_out = grammar.split_long(n_train, n_valid + n_test, seed=seed)
+        for name, pairs in (("train", train_pairs), ("valid", held_out[:n_valid]), ("test", held_out[n_valid:])):
             grammar.write_corpus(pairs, data, name)
     return {name: {lang: data / f"{name}.{lang}" for lang in ("es", "en")} for name in ("train", "valid", "test")}
 
@@ -50,12 +52,12 @@ def run(name: str, args) -> dict:
     from atencion.train.trainer import train
 
     out = Path(args.out)
-    files = corpus(out, args.train, args.test, args.seed)
+    files = corpus(out, args.train, args.test, args.seed, args.valid)
     config, extra = MODELS[name]
     sets = [f"data.train_src={files['train']['es']}", f"data.train_tgt={files['train']['en']}",
             f"data.valid_src={files['valid']['es']}", f"data.valid_tgt={files['valid']['en']}",
             "data.max_len=160", f"train.time_limit_minutes={args.minutes}", "train.patience=0",
-            "train.max_epochs=1000", f"train.threads={args.threads}", "train.progress=false", *extra]
+            "train.max_epochs=1000", f"train.threads={args.threads}", "train.progress=false", *extra, *args.set]
     cfg = load_config(ROOT / "configs" / config, sets)
     summary = train(cfg, out / name / "run")
     torch.set_num_threads(args.threads)
@@ -99,7 +101,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=list(MODELS), action="append", help="train these models only")
     parser.add_argument("--report", metavar="PNG", help="no training: the table and figure of the runs")
+    parser.add_argument("--valid", type=int, default=300, help="validation pairs (default: 300)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every model, after its own settings (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here every model, then the report")
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = ["model.n_layers=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2", "model.rnn.hidden=16",
+                "model.rnn.decoder_hidden=32", "data.vocab_size=120", "train.max_steps=2", "train.valid_every=2",
+                "train.max_tokens=512", "decode.beam=2"]
+        with smoke_dir("bottleneck") as tmp:
+            for name in MODELS:
+                extra = [s for s in sets if MODELS[name][0] == "toy_es_en_rnn.yaml" or ".rnn." not in s]
+                main(["--out", str(tmp), "--minutes", "1", "--train", "60", "--valid", "8", "--test", "10",
+                      "--threads", "1", "--only", name, *[a for s in extra for a in ("--set", s)]])
+            return main(["--out", str(tmp), "--report", str(tmp / "bottleneck.png")])
     if args.report:
         report(args)
         return

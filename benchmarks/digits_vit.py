@@ -3,9 +3,9 @@ scikit-learn's SVM (its own example, ``svm.SVC(gamma=0.001)``) and a logistic re
 split, and its training throughput against Hugging Face's ViTForImageClassification of the same
 shape, measured in the same run.
 
-    python benchmarks/digits_vit.py                         # data, one ViT (seed 1), baselines, speed
-    python benchmarks/digits_vit.py --seeds 1,2             # two ViTs: the median and the range
-    python benchmarks/digits_vit.py --model runs/digits/vit-seed1/best   # a trained model: no training
+    python -m benchmarks.digits_vit                         # data, one ViT (seed 1), baselines, speed
+    python -m benchmarks.digits_vit --seeds 1,2             # two ViTs: the median and the range
+    python -m benchmarks.digits_vit --model runs/digits/vit-seed1/best   # a trained model: no training
 
 Steps (a finished step is reused when the command is run again):
 1. OUT/data: the digits as files (python -m atencion.data.digits): train on images 0-807, choose
@@ -34,12 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, SMOKE_HELP, finished, read_log, smoke_dir
 
-
-def read_log(run: Path) -> list[dict]:
-    path = run / "log.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 
 
 def prepare(data: Path) -> Path:
@@ -56,7 +53,7 @@ def train_run(seed: int, data: Path, args) -> Path:
     from atencion.train.trainer import train
 
     run = Path(args.out) / f"vit-seed{seed}"
-    if any("summary" in r for r in read_log(run)):
+    if finished(run):
         return run
     sets = [f"data.train_tsv={data / 'train.tsv'}", f"data.valid_tsv={data / 'valid.tsv'}", f"train.seed={seed}",
             f"train.threads={args.threads}", "train.progress=false", *args.set]
@@ -156,7 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=64, help="throughput: images per batch (default: 64)")
     parser.add_argument("--rounds", type=int, default=7, help="throughput: rounds per engine (default: 7)")
     parser.add_argument("--steps", type=int, default=10, help="throughput: updates per round (default: 10)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = ["model.n_layers=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.max_steps=2",
+                "train.valid_every=2"]
+        with smoke_dir("digits_vit") as tmp:
+            return main(["--out", str(tmp), "--batch", "4", "--rounds", "1", "--steps", "1", "--threads", "1",
+                         *[a for s in sets for a in ("--set", s)]])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     import torch
 

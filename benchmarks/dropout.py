@@ -1,9 +1,9 @@
 """The CPU dropout mask drawn 16 bits at a time (nn/dropout.py's fast_dropout, what atencion's
 Dropout runs in training) against torch's own, torch.nn.functional.dropout(x, p, training=True).
 
-    python benchmarks/dropout.py                               # the shapes training uses, a table
-    python benchmarks/dropout.py --json                        # one JSON object
-    python benchmarks/dropout.py --rounds 2 --reps 2 --shapes 8x4x16 --threads 1   # a look, not a result
+    python -m benchmarks.dropout                               # the shapes training uses, a table
+    python -m benchmarks.dropout --json                        # one JSON object
+    python -m benchmarks.dropout --smoke                      # a look, not a result
 
 Shapes (default): (64, 24, 512), a sub-layer output of a d_model-512 model on a batch of 64
 sentences of 24 tokens, and (4096, 512), the same number of tokens packed (the encoder runs its
@@ -32,8 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from atencion.nn.dropout import Dropout
+from benchmarks.common import SMOKE_HELP
 
 DEFAULT_SHAPES = "64x24x512,4096x512"
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -103,7 +105,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        return main(["--shapes", "8x4x16", "--rounds", "2", "--reps", "2", "--warmup", "1", "--threads", "1"])
     if args.rounds < 1 or args.reps < 1 or args.warmup < 0 or not 0 < args.p < 1:
         parser.error("--rounds and --reps must be at least 1, --warmup at least 0, --p in (0, 1)")
     if args.threads:

@@ -3,9 +3,9 @@ the dataset's own test split and on each speaker left out of training, and the s
 model's exact match, beside a logistic regression on the same log-mel frames, measured in the
 same run.
 
-    python benchmarks/fsdd.py                               # everything (about 40 minutes on one thread)
-    python benchmarks/fsdd.py --parts classify,baseline     # the standard split only
-    python benchmarks/fsdd.py --loso-steps 300              # shorter leave-one-speaker-out runs
+    python -m benchmarks.fsdd                               # everything (about 40 minutes on one thread)
+    python -m benchmarks.fsdd --parts classify,baseline     # the standard split only
+    python -m benchmarks.fsdd --loso-steps 300              # shorter leave-one-speaker-out runs
 
 Steps (a finished run is reused when the command is run again):
 1. OUT/data: python -m atencion.data.fsdd from --archive: train on indices 10-49 of each digit and
@@ -30,18 +30,40 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, SMOKE_HELP, TINY_MODEL, finished, read_log, smoke_dir, spread
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 PARTS = ("classify", "loso", "transcribe", "baseline")
 
 
-def read_log(run: Path) -> list[dict]:
-    path = run / "log.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+def tiny_archive(path: Path, speakers: tuple[str, ...] = ("alice", "bob"), indices: tuple[int, ...] = (0, 5, 10)):
+    """An FSDD-shaped recordings.tar.gz of made-up tones (0.2 s at 8 kHz, a pitch per digit and speaker):
+    ``{digit}_{speaker}_{index}.wav`` with an index of each split (test 0-4, valid 5-9, train 10-)."""
+    import io
+    import math
+    import struct
+    import tarfile
+    import wave
+
+    with tarfile.open(path, "w:gz") as tar:
+        for digit in range(10):
+            for k, speaker in enumerate(speakers):
+                for index in indices:
+                    pitch, buffer = 200 + 60 * digit + 15 * k + index, io.BytesIO()
+                    with wave.open(buffer, "wb") as w:
+                        w.setnchannels(1)
+                        w.setsampwidth(2)
+                        w.setframerate(8000)
+                        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * pitch * t / 8000)))
+                                               for t in range(1600)))
+                    info = tarfile.TarInfo(f"recordings/{digit}_{speaker}_{index}.wav")
+                    info.size = len(buffer.getvalue())
+                    tar.addfile(info, io.BytesIO(buffer.getvalue()))
+    return path
 
 
 def prepare(data: Path, archive: str) -> tuple[Path, list[str]]:
@@ -61,7 +83,7 @@ def train_run(name: str, config: Path, folder: Path, args, suffix: str = "", *se
 
     run = Path(args.out) / name
     wall = None
-    if not any("summary" in r for r in read_log(run)):
+    if not finished(run):
         overrides = [f"data.train_tsv={folder / f'train{suffix}.tsv'}",
                      f"data.valid_tsv={folder / f'valid{suffix}.tsv'}", f"train.threads={args.threads}",
                      "train.progress=false", *sets, *args.set]
@@ -78,10 +100,6 @@ def accuracy(model: str, tsv: Path) -> float:
     from atencion.tasks.classify import evaluate_classifier_dir
 
     return evaluate_classifier_dir(model, {"tsv": str(tsv)})["accuracy"]
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
 
 
 def transcripts(model: str, tsv: Path) -> dict:
@@ -143,7 +161,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two speakers of made-up tones")
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = [*TINY_MODEL, "train.max_steps=2", "train.valid_every=2"]
+        with smoke_dir("fsdd") as tmp:
+            return main(["--out", str(tmp), "--archive", str(tiny_archive(tmp / "recordings.tar.gz")), "--loso-steps",
+                         "2", "--threads", "1", *[a for s in sets for a in ("--set", s)]])
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:

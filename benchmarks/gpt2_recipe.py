@@ -1,10 +1,11 @@
 """configs/gpt2_124m.yaml for a few updates: tokens per second and model FLOPs utilisation (MFU).
 
-    python benchmarks/gpt2_recipe.py --out runs/gpt2-check                       # a GPU (bf16), 30 updates
-    torchrun --nproc-per-node 8 benchmarks/gpt2_recipe.py --out runs/gpt2-check --set train.distributed=fsdp
-    python benchmarks/gpt2_recipe.py --out runs/gpt2-tiny --steps 3 --device cpu \\
+    python -m benchmarks.gpt2_recipe --out runs/gpt2-check                       # a GPU (bf16), 30 updates
+    torchrun --nproc-per-node 8 -m benchmarks.gpt2_recipe --out runs/gpt2-check --set train.distributed=fsdp
+    python -m benchmarks.gpt2_recipe --out runs/gpt2-tiny --steps 3 --device cpu \\
         --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=2 --set model.d_ff=256 \\
         --set data.block_size=64 --set train.max_tokens=256 --set train.bf16=false   # a CPU miniature
+    python -m benchmarks.gpt2_recipe --smoke                                     # seconds: a check
 
 The recipe's data is whatever corpus you give it; here Tiny Shakespeare stands in: a SentencePiece
 tokenizer (``--vocab`` pieces) is trained on it, the text written as token files with
@@ -19,23 +20,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, smoke_dir, smoke_requested, tiny_text
+
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
+# --smoke: the CPU miniature of the docstring, smaller still
+SMOKE_SETS = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "data.block_size=16",
+              "train.max_tokens=64", "train.bf16=false"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="a new directory for the tokenizer, token files and run")
-    parser.add_argument("--text", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "data" /
-                                               "tinyshakespeare" / "input.txt.gz"), help="the corpus")
+    parser.add_argument("--out", required=not smoke_requested(argv),
+                        help="a new directory for the tokenizer, token files and run")
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"), help="the corpus")
     parser.add_argument("--vocab", type=int, default=8000, help="SentencePiece pieces (default 8000)")
     parser.add_argument("--steps", type=int, default=30, help="updates (default 30)")
     parser.add_argument("--device", default="auto", help="train.device (default auto)")
     parser.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s of one process's device")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here on the CPU, 2 updates")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("gpt2_recipe") as tmp:
+            return main(["--out", str(tmp / "run"), "--text", str(tiny_text(tmp / "text.txt.gz")), "--vocab", "80",
+                         "--steps", "2", "--device", "cpu", *[a for s in SMOKE_SETS + args.set for a in ("--set", s)]])
 
     import torch.distributed as dist
 
@@ -63,7 +73,7 @@ def main() -> None:
                  "data.tokenizer_dir": out / "tokenizer", "train.max_steps": args.steps, "train.accum_steps": 1,
                  "train.valid_every": args.steps, "train.warmup": 10, "train.log_every": 1, "train.progress": False,
                  "train.device": args.device}
-    cfg = load_config("configs/gpt2_124m.yaml", [f"{k}={v}" for k, v in overrides.items()] + args.set)
+    cfg = load_config(ROOT / "configs" / "gpt2_124m.yaml", [f"{k}={v}" for k, v in overrides.items()] + args.set)
     summary = train(cfg, out / "run")
     if rank != 0:
         return

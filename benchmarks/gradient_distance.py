@@ -2,7 +2,7 @@
 stack, at initialisation and trained (docs/rnn.md, experiment 4: "los gradientes desaparecen o
 explotan").
 
-    python benchmarks/gradient_distance.py --lstm runs/ladder/lstm_none/run/best \\
+    python -m benchmarks.gradient_distance --lstm runs/ladder/lstm_none/run/best \\
         --transformer runs/ladder/transformer/run/best --figure docs/figures/rnn_gradients.png
 
 x_t is the token embedding at position t (the input of the encoder, before any position
@@ -22,7 +22,30 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, smoke_requested, tiny_multi30k
+
+KIND = "experiment"  # measures trained models (benchmarks/__init__.py lists the two groups)
+
+
+def smoke_models(tmp: Path) -> tuple[Path, Path, Path]:
+    """Random stand-ins for the ladder's two models (an LSTM of 2 × 16, a 1-layer Transformer of d_model
+    16) with a character vocabulary, and a tiny Multi30k-shaped data directory: what --smoke reads."""
+    import torch
+
+    from atencion import ModelConfig
+    from atencion.data.corpus import read_lines
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.nn.model_dir import build_model, save_model_dir
+
+    data = tiny_multi30k(tmp / "multi30k")
+    tokenizer = Tokenizer.train_text(read_lines(data / "tok" / "test_2016_flickr.lc.norm.tok.de.gz"), kind="char")
+    shapes = {"lstm": dict(arch="rnn", d_model=16, n_layers=2, rnn=dict(cell="lstm", bidirectional=False, hidden=16,
+                                                                        decoder_hidden=16, attention="none")),
+              "transformer": dict(n_layers=1, d_model=16, n_heads=2, d_ff=32)}
+    for name, shape in shapes.items():
+        torch.manual_seed(0)
+        save_model_dir(tmp / name, build_model(ModelConfig(vocab_size=tokenizer.vocab_size, **shape)).eval(), tokenizer)
+    return tmp / "lstm", tmp / "transformer", data
 
 
 def encoder_function(model):
@@ -61,14 +84,21 @@ def jacobian_norms(model, sequences) -> list[float]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lstm", required=True, help="model directory of the ladder's lstm_none")
-    parser.add_argument("--transformer", required=True, help="model directory of the ladder's transformer")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    smoke = smoke_requested(argv)
+    parser.add_argument("--lstm", required=not smoke, help="model directory of the ladder's lstm_none")
+    parser.add_argument("--transformer", required=not smoke, help="model directory of the ladder's transformer")
+    parser.add_argument("--data", default=str(DATA / "multi30k"))
     parser.add_argument("--length", type=int, default=100, help="tokens per sequence (default: 100)")
     parser.add_argument("--samples", type=int, default=4, help="sequences averaged (default: 4)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--figure", help="write the plot here (PNG)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here random stand-ins for the models")
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("gradient_distance") as tmp:
+            lstm, transformer, data = smoke_models(tmp)
+            return main(["--lstm", str(lstm), "--transformer", str(transformer), "--data", str(data), "--length", "12",
+                         "--samples", "1", "--threads", "1", "--figure", str(tmp / "gradients.png")])
     import torch
 
     from atencion.data.corpus import read_lines

@@ -1,7 +1,7 @@
 """Heads specialise, but not reliably: per-head AER of the demo's Transformer for two training
 seeds, beside the RNN's one attention (docs/rnn.md, experiment 6).
 
-    python benchmarks/head_seeds.py --out runs/head_seeds --seeds 1 2 --rnn runs/demo_rnn/run/best
+    python -m benchmarks.head_seeds --out runs/head_seeds --seeds 1 2 --rnn runs/demo_rnn/run/best
 
 Trains the demo (`atencion demo`, configs/toy_es_en.yaml) once per --seeds (train.seed), then
 scores the cross-attention alignment of each layer and head against the grammar's gold
@@ -17,6 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from benchmarks.common import SMOKE_HELP, smoke_dir
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -35,13 +39,23 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, demo: dict | None = None) -> dict:
+    """``demo``: run_demo's corpus sizes (n_train, n_valid, n_test), the demo's own when None."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/head_seeds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rnn", help="an RNN demo model directory (configs/toy_es_en_rnn.yaml) to score too")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override of every seed's demo run (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here a demo corpus of 200 pairs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "data.vocab_size=120",
+                "train.max_steps=2", "train.valid_every=2", "decode.beam=1"]
+        with smoke_dir("head_seeds") as tmp:
+            return main(["--out", str(tmp), "--seeds", "1", "2", "--threads", "1",
+                         *[a for s in sets for a in ("--set", s)]], demo=dict(n_train=200, n_valid=20, n_test=20))
 
     from atencion.data.corpus import read_lines
     from atencion.demo.run import run_demo
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         summary_file = run_dir / "demo.json"
         if not summary_file.is_file():
             summary = run_demo(run_dir, overrides=[f"train.seed={seed}", f"train.threads={args.threads}",
-                                                   "train.progress=false"])
+                                                   "train.progress=false", *args.set], **(demo or {}))
             summary_file.write_text(json.dumps(summary) + "\n")
         summary = json.loads(summary_file.read_text())
         data = run_dir / "data"

@@ -3,12 +3,12 @@ attention-only decoder (``model.d_ff: 0``) trained on Tiny Shakespeare in Senten
 with the in-context learning score and every head's prefix-matching and copying scores
 (viz/induction.py) recorded at checkpoints along training.
 
-    python benchmarks/induction_heads.py --out runs/induction \\
+    python -m benchmarks.induction_heads --out runs/induction \\
         --figure docs/figures/induction_heads_first.png --json docs/figures/induction_heads_first.json
-    python benchmarks/induction_heads.py --out runs/induction-2 --steps 6000 --every 200 --batch 4 \\
+    python -m benchmarks.induction_heads --out runs/induction-2 --steps 6000 --every 200 --batch 4 \\
         --weight-decay 0 --figure docs/figures/induction_heads_second.png \\
         --json docs/figures/induction_heads_second.json
-    python benchmarks/induction_heads.py --out runs/induction-smoke --steps 40 --every 20   # a look
+    python -m benchmarks.induction_heads --smoke                                              # a look
 
 The first is the default run (17.4 minutes at one thread, beside another one-thread job); neither
 run formed an induction head (docs/results.md).
@@ -39,7 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, tiny_lines, write_gz
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 
 
 def stream(args):
@@ -189,7 +191,7 @@ def figure(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/induction", help="the model directory goes to OUT/model")
-    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"))
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"))
     parser.add_argument("--steps", type=int, default=3000, help="updates (default 3,000)")
     parser.add_argument("--every", type=int, default=100, help="updates between checkpoints (default 100)")
     parser.add_argument("--batch", type=int, default=8, help="rows per update (default 8)")
@@ -207,7 +209,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--figure", help="write the scores against updates to this PNG")
     parser.add_argument("--json", help="write the report here too (it always goes to OUT/induction.json)")
     parser.add_argument("--replot", metavar="JSON", help="only draw --figure from the report JSON of a run")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("induction_heads") as tmp:
+            words = ["".join(random.Random(i).choices("abcdefghijklmnopqrstuvwxyz", k=5)) for i in range(300)]
+            text = write_gz(tmp / "text.txt.gz", tiny_lines(1500, words=words))  # enough pieces for --vocab 128
+            return main(["--out", str(tmp), "--text", str(text), "--steps", "2", "--every", "1", "--batch", "1",
+                         "--context", "501", "--vocab", "128", "--d-model", "16",
+                         "--heads", "2", "--threads", "1", "--figure", str(tmp / "induction.png")])
     if args.replot:
         report = json.loads(Path(args.replot).read_text(encoding="utf-8"))
         figure(report, Path(args.figure or Path(args.replot).with_suffix(".png")))

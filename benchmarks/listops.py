@@ -2,10 +2,10 @@
 the encoder of configs/listops_full.yaml trained with each kind of attention for the same number
 of updates, its test accuracy printed beside the accuracy LRA published for that kind.
 
-    python benchmarks/listops.py --steps 300 --full-seeds 1,2,3      # every kind, LRA's data
-    python benchmarks/listops.py --kinds full,window --seeds 1,2,3   # some kinds, three seeds each
-    python benchmarks/listops.py --warmup-steps 0 --steps 2000       # whole examples only (the plateau)
-    python benchmarks/listops.py --out runs/listops-look --train 200 --valid 20 --test 20 --steps 5 \
+    python -m benchmarks.listops --steps 300 --full-seeds 1,2,3      # every kind, LRA's data
+    python -m benchmarks.listops --kinds full,window --seeds 1,2,3   # some kinds, three seeds each
+    python -m benchmarks.listops --warmup-steps 0 --steps 2000       # whole examples only (the plateau)
+    python -m benchmarks.listops --out runs/listops-look --train 200 --valid 20 --test 20 --steps 5 \
         --warmup-steps 5 --kinds full
 
 Steps (a finished step is reused when the command is run again; an interrupted run resumes):
@@ -42,7 +42,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, SMOKE_HELP, TINY_MODEL, finished, read_log, smoke_dir
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 KINDS = ("full", "flash", "window", "longformer", "bigbird", "linformer", "performer")
 # LRA's Table 1, ListOps column (accuracy, %): the row of the same attention. Flash attention is exact
 # attention computed in tiles, the Transformer's row; LRA's "Local Attention" is a window.
@@ -61,11 +63,6 @@ def prepare(data: Path, sizes: dict[str, int], seed: int, prefixes: int | None) 
     if prefixes and not all((data / f"prefix{prefixes}" / f"{split}.tsv").is_file() for split in PREFIX_SPLITS):
         write_prefixes(data, prefixes, force=True)
     return data
-
-
-def read_log(run: Path) -> list[dict]:
-    path = run / "log.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
 def train_runs(kind: str, seed: int, data: Path, args) -> list[Path]:
@@ -88,7 +85,7 @@ def _train(kind: str, seed: int, data: Path, steps: int, run: Path, args, sets: 
     from atencion.train.config import load_config
     from atencion.train.trainer import train
 
-    if any("summary" in r for r in read_log(run)):
+    if finished(run):
         return run
     sets = [f"data.train_tsv={data / 'train.tsv'}", f"data.valid_tsv={data / 'valid.tsv'}",
             f"train.max_steps={steps}", f"train.seed={seed}", f"train.threads={args.threads}",
@@ -208,7 +205,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to every run, as atencion train --set")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("listops") as tmp:
+            return main(["--out", str(tmp), "--train", "40", "--valid", "8", "--test", "8", "--steps", "2",
+                         "--warmup-steps", "2", "--kinds", "full", "--threads", "1",
+                         *[a for s in TINY_MODEL for a in ("--set", s)]])
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds: expected some of {','.join(KINDS)}, got {args.kinds!r}")

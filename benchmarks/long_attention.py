@@ -10,8 +10,8 @@ the median of ``--repeats`` passes after a warm-up). A point predicted from the 
 more than 70% of the memory available now, or more than ``--max-seconds`` per pass, is not run and
 is recorded as such.
 
-    python benchmarks/long_attention.py                      # 256 … 32,768, every kind
-    python benchmarks/long_attention.py --lengths 1024 4096 --kinds flash window --out runs/long
+    python -m benchmarks.long_attention                      # 256 … 32,768, every kind
+    python -m benchmarks.long_attention --lengths 1024 4096 --kinds flash window --out runs/long
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import ROOT, SMOKE_HELP, smoke_dir
+
+KIND = "speed"  # a speed (and memory) benchmark (benchmarks/__init__.py lists the two groups)
 KINDS = {  # name → (model.attention, the cost of one layer as the seeds' Table 1 would write it)
     "eq. (1) explicit": (None, "O(n²·d)"),
     "torch fused (full)": ({"kind": "full"}, "O(n²·d)"),
@@ -169,7 +172,7 @@ def ratios(results: dict[str, list[dict]]) -> list[str]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2 ** i for i in range(8, 16)])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), metavar="KIND")
@@ -178,14 +181,19 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true", help="a decoder's layer (linformer is left out)")
     parser.add_argument("--out", type=Path, default=Path("runs/long_attention"))
     parser.add_argument("--point", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)  # one point, this process
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two kinds at 64 and 128")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("long_attention") as tmp:
+            return main(["--lengths", "64", "128", "--kinds", "eq. (1) explicit", "torch fused (full)",
+                         "--repeats", "1", "--out", str(tmp)])
     if args.point:
         print(json.dumps(measure(args.point[0], int(args.point[1]), args.repeats, args.causal)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds if not (args.causal and k == "linformer")]
     results: dict[str, list[dict]] = {}
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
     for kind in kinds:
         points = results.setdefault(kind, [])
         for n in sorted(args.lengths):
@@ -202,9 +210,10 @@ def main() -> None:
                 points.append({"kind": kind, "n": n, "skipped": skipped})
                 print(f"{kind:>20} n={n:>6}: {skipped}", flush=True)
                 continue
-            command = [sys.executable, __file__, "--point", kind, str(n), "--repeats", str(args.repeats)]
+            command = [sys.executable, "-m", "benchmarks.long_attention", "--point", kind, str(n), "--repeats",
+                       str(args.repeats)]
             done = subprocess.run(command + (["--causal"] if args.causal else []), capture_output=True, text=True,
-                                  env=env)
+                                  env=env, cwd=ROOT)
             if done.returncode != 0:
                 reason = "killed (out of memory)" if done.returncode < 0 else done.stderr.strip().splitlines()[-1]
                 points.append({"kind": kind, "n": n, "skipped": reason})

@@ -7,9 +7,9 @@ memory of generating 10× the block token by token with the key/value cache (a s
 cache stays ``window`` keys long and the causal Performer's running sums one size; full
 attention's cache grows with the text).
 
-    python benchmarks/long_context.py --minutes 10                      # every kind, 10 minutes each
-    python benchmarks/long_context.py --minutes 10 --kinds full,window --attention window.window=128
-    python benchmarks/long_context.py --minutes 0.2 --kinds full,flash --generate-kinds full,flash \\
+    python -m benchmarks.long_context --minutes 10                      # every kind, 10 minutes each
+    python -m benchmarks.long_context --minutes 10 --kinds full,window --attention window.window=128
+    python -m benchmarks.long_context --minutes 0.2 --kinds full,flash --generate-kinds full,flash \\
         --set data.block_size=128 --set model.max_positions=128 --set train.max_tokens=512 --out runs/lc-smoke
 
 Linformer is left out: it projects the keys along the whole length, so no query can be kept from
@@ -37,7 +37,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, TINY_MODEL, finished, smoke_dir, tiny_text
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 DEFAULT_KINDS = ("full", "flash", "window", "longformer", "bigbird", "performer")
 
 
@@ -59,8 +61,7 @@ def train_kind(kind: str, args) -> Path:
     command = train_command(kind, args)
     mark = run / "long_context_command.json"
     if run.exists():
-        finished = (run / "log.jsonl").is_file() and '"summary"' in (run / "log.jsonl").read_text()
-        if finished and mark.is_file() and json.loads(mark.read_text())["command"][1:] == command[1:]:
+        if finished(run) and mark.is_file() and json.loads(mark.read_text())["command"][1:] == command[1:]:
             return run
         raise SystemExit(f"{run} holds a run of other settings or an unfinished one; remove it or give another --out")
     subprocess.run(command, check=True)
@@ -159,9 +160,9 @@ def cache_mib(state) -> float:
 def generation_memory(run: Path, tokens: int, every: int, seed: int, threads: int) -> dict:
     """``measure_generation`` in a fresh process, so that the resident memory is the model's and
     the generation's only (what training or evaluating freed would otherwise be reused first)."""
-    command = [sys.executable, __file__, "--measure-generation", str(run), f"--generate-tokens={tokens}",
-               f"--every={every}", f"--seed={seed}", f"--threads={threads}"]
-    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    command = [sys.executable, "-m", "benchmarks.long_context", "--measure-generation", str(Path(run).resolve()),
+               f"--generate-tokens={tokens}", f"--every={every}", f"--seed={seed}", f"--threads={threads}"]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
 
 
 def measure_generation(run: Path, tokens: int, every: int, seed: int) -> dict:
@@ -271,12 +272,13 @@ def parse_attention(items: list[str], parser) -> dict[str, dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    import atencion.nn  # noqa: F401  (the attention kinds are in ATTENTION_KINDS once nn/ is imported)
     from atencion.config import ATTENTION_KINDS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/long_context", help="one run directory per kind is made here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_long.yaml"))
-    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"),
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"),
                         help="the training text (data.train_text; the validation text is its last 10%%)")
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help="comma-separated attention kinds")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget per kind (default: 10)")
@@ -295,7 +297,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--measure-generation", metavar="RUN_DIR",
                         help="only generate with RUN_DIR/best and print the memory series as JSON (the benchmark "
                              "runs this in a fresh process per kind)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here full attention only")
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = [*TINY_MODEL, "data.block_size=32", "model.max_positions=32", "train.max_tokens=128",
+                "train.max_steps=3", "train.valid_every=3", "train.log_every=1"]
+        with smoke_dir("long_context") as tmp:
+            return main(["--out", str(tmp / "runs"), "--text", str(tiny_text(tmp / "text.txt.gz")), "--kinds", "full",
+                         "--minutes", "1", "--buckets", "0,8,16", "--generate-kinds", "full", "--generate-tokens",
+                         "40", "--every", "20", *[a for s in sets for a in ("--set", s)]])
     if args.measure_generation:
         import torch
 

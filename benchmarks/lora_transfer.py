@@ -1,9 +1,9 @@
 """LoRA on translation: a trained Multi30k English→German model adapted to English→French, against
 full fine-tuning from the same model and against training from scratch, each for the same minutes.
 
-    python benchmarks/multi30k.py --out runs/m30k-base --minutes 30          # the En→De model first
-    python benchmarks/lora_transfer.py --base runs/m30k-base/averaged --out runs/lora-fr --minutes 20
-    python benchmarks/lora_transfer.py ... --only lora    # one run (two can share a 2-core CPU, --threads 1)
+    python -m benchmarks.multi30k --out runs/m30k-base --minutes 30          # the En→De model first
+    python -m benchmarks.lora_transfer --base runs/m30k-base/averaged --out runs/lora-fr --minutes 20
+    python -m benchmarks.lora_transfer ... --only lora    # one run (two can share a 2-core CPU, --threads 1)
 
 Each run is benchmarks/multi30k.py --tgt fr (the Transformer-Tiny recipe, validation every epoch,
 the last 10 epoch checkpoints averaged, test2016 with beam 5):
@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, smoke_requested, tiny_multi30k
 
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 RUNS = ("scratch", "full", "lora", "lora_embeddings")
 
 
 def run_sets(name: str, args) -> list[str]:
-    sets = ["decode.beam=1", "train.keep_last=10", "train.log_every=100", f"train.threads={args.threads}"]
+    sets = ["decode.beam=1", "train.keep_last=10", "train.log_every=100", f"train.threads={args.threads}", *args.set]
     if name == "scratch":
         return sets
     sets += [f"train.init_from={args.base}", "train.warmup=200", f"train.lr_peak={args.lr}"]
@@ -58,13 +57,13 @@ def sizes(run_dir: Path) -> dict:
 
 
 def one(name: str, args) -> dict:
-    import multi30k
+    from benchmarks import multi30k
 
     out = Path(args.out) / name
     cached = out / "result.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    argv = ["--tgt", "fr", "--out", str(out), "--minutes", str(args.minutes)]
+    argv = ["--tgt", "fr", "--out", str(out), "--minutes", str(args.minutes), "--data", args.data]
     result = multi30k.main(argv + [a for s in run_sets(name, args) for a in ("--set", s)])
     keep = {"test2016_best": result["test2016_best"], "test2016_averaged": result["test2016_averaged"],
             "valid_curve": result["valid_curve"],
@@ -88,7 +87,8 @@ def figure(results: dict, png: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="a trained Multi30k En→De model directory (plain weights)")
+    parser.add_argument("--base", required=not smoke_requested(argv),
+                        help="a trained Multi30k En→De model directory (plain weights)")
     parser.add_argument("--out", default="runs/lora-fr")
     parser.add_argument("--minutes", type=float, default=20.0, help="training time of each run (default: 20)")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank (alpha = 2 · rank; default: 8)")
@@ -96,7 +96,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
     parser.add_argument("--only", choices=RUNS, action="append", help="run only these (repeatable)")
     parser.add_argument("--figure", help="write the validation curves to this PNG")
+    parser.add_argument("--data", default=str(DATA / "multi30k"), help="Multi30k directory with tok/ (default: "
+                        "../shared/data/multi30k)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every run (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here an En→De base of 4 updates first")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from benchmarks import multi30k
+
+        with smoke_dir("lora_transfer") as tmp:
+            data = str(tiny_multi30k(tmp / "multi30k"))
+            sets = [a for s in multi30k.SMOKE_SETS for a in ("--set", s)]
+            multi30k.main(["--data", data, "--out", str(tmp / "base"), "--average", "2", "--beam", "1", *sets])
+            return main(["--base", str(tmp / "base" / "averaged"), "--out", str(tmp / "lora-fr"), "--data", data,
+                         "--minutes", "0", "--figure", str(tmp / "curves.png"), *sets])
     results = {name: one(name, args) for name in (args.only or RUNS)}
     if args.figure:
         figure(results, args.figure)

@@ -12,11 +12,11 @@ from 6 rows on the product is bound by arithmetic more than by memory (GFLOP/s =
 docs/results.md compares the figure with llama.cpp's about 22 GB/s on the same weights
 (``benchmarks/speed.py --parts llama``).
 
-    python benchmarks/matvec.py                  # threads 1 and 2
-    python benchmarks/matvec.py --threads 1,2,4 --rounds 7
-    python benchmarks/matvec.py --rows 5         # a beam of 5
-    python benchmarks/matvec.py --rows 16        # a batch of 16
-    python benchmarks/matvec.py --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernels
+    python -m benchmarks.matvec                  # threads 1 and 2
+    python -m benchmarks.matvec --threads 1,2,4 --rounds 7
+    python -m benchmarks.matvec --rows 5         # a beam of 5
+    python -m benchmarks.matvec --rows 16        # a batch of 16
+    python -m benchmarks.matvec --int8           # int8 weights: fbgemm's dynamic linear against the int8 kernels
                                                  # (dot products; panels, which int8 decoding uses from
                                                  # 1 row with AVX-512 VNNI, from 3 with AVX2)
 """
@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from atencion.nn import matvec
+from benchmarks.common import SMOKE_HELP
 
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
 SHAPES = [(960, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # one layer's (out, in)
 
 
@@ -58,7 +60,13 @@ def main(argv: list[str] | None = None) -> None:
                         f"at most {matvec.PANEL_ROWS})")
     parser.add_argument("--int8", action="store_true", help="int8 weights (nn/quantize.py's layers): PyTorch's "
                         "dynamic int8 linear (fbgemm) against atencion's int8 kernel; GB/s of int8 weights read")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here one layer, one pass, float32 "
+                        "then int8")
     args = parser.parse_args(argv)
+    if args.smoke:
+        for extra in ([], ["--int8"]):
+            main(["--threads", "1", "--layers", "1", "--rounds", "1", *extra])
+        return None
     if not 1 <= args.rows <= matvec.PANEL_ROWS:
         parser.error(f"--rows: expected 1 to {matvec.PANEL_ROWS}, got {args.rows}")
     import torch.utils.mkldnn as mkldnn

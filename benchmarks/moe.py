@@ -6,9 +6,9 @@
   token as the dense model, twice the total), load-balancing loss weight 0.01;
 - ``moe_noaux``: the same without the load-balancing loss (weight 0): what the router does alone.
 
-    python benchmarks/moe.py --out runs/moe --figure docs/figures/moe_share.png
-    python benchmarks/moe.py --out runs/moe-smoke --steps 20 --threads 1     # a look, not a result
-    python benchmarks/moe.py --out runs/moe-top1 --top-k 1 --skip-dense --figure docs/figures/moe_share_top1.png
+    python -m benchmarks.moe --out runs/moe --figure docs/figures/moe_share.png
+    python -m benchmarks.moe --smoke                                         # a look, not a result
+    python -m benchmarks.moe --out runs/moe-top1 --top-k 1 --skip-dense --figure docs/figures/moe_share_top1.png
 
 Prints one JSON object (and writes OUT/moe.json): per run the best validation loss (nats/char),
 the training speed (the trainer's tokens/s), and the total and active parameters (those one
@@ -25,7 +25,9 @@ import logging
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, TINY_MODEL, finished, read_log, smoke_dir, tiny_text
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 EXPERTS = 4
 
 
@@ -37,17 +39,12 @@ def runs(top_k: int, d_ff: int) -> dict[str, list[str]]:
             "moe_noaux": [*moe, "model.moe.aux_loss_weight=0"]}
 
 
-def read_log(run: Path) -> list[dict]:
-    path = run / "log.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
-
-
 def train_run(name: str, args) -> Path:
     from atencion.train.config import load_config
     from atencion.train.trainer import train
 
     run = Path(args.out) / name
-    if any("summary" in r for r in read_log(run)):
+    if finished(run):
         return run
     steps = args.steps
     sets = [f"data.train_text={args.text}", f"train.threads={args.threads}", "train.progress=false",
@@ -113,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/moe", help="one run directory per model is made here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))
-    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"))
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"))
     parser.add_argument("--steps", type=int, default=0, help="updates per model (default: the config's, 2,000)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
     parser.add_argument("--figure", help="write the expert shares to this PNG")
@@ -123,7 +120,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-dense", action="store_true", help="train the two MoE runs only")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to every run, as atencion train --set")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        sets = [*TINY_MODEL, "model.max_positions=16", "data.block_size=16", "train.max_tokens=64",
+                "train.valid_every=2", *args.set]
+        with smoke_dir("moe") as tmp:
+            return main(["--out", str(tmp), "--text", str(tiny_text(tmp / "text.txt.gz")), "--steps", "2",
+                         "--threads", "1", "--figure", str(tmp / "share.png"),
+                         *[a for s in sets for a in ("--set", s)]])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     from atencion.train.config import load_config
 

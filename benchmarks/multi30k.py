@@ -1,7 +1,8 @@
 """Transformer-Tiny on Multi30k: train, average the last epoch checkpoints, evaluate on test2016.
 
-    python benchmarks/multi30k.py --minutes 20 --out runs/m30k-en-de
-    python benchmarks/multi30k.py --tgt fr --out runs/m30k-en-fr
+    python -m benchmarks.multi30k --minutes 20 --out runs/m30k-en-de
+    python -m benchmarks.multi30k --tgt fr --out runs/m30k-en-fr
+    python -m benchmarks.multi30k --smoke          # tiny made-up data, 4 updates: a check, not a result
 
 Reads the tok/ files (lower-cased, Moses-tokenized) of --data (default ../shared/data/multi30k;
 `atencion download multi30k --out DIR` fetches them elsewhere) and prints one JSON object:
@@ -20,12 +21,17 @@ import logging
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, smoke_dir, tiny_multi30k
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
+# --smoke (and the smoke runs of the scripts built on this one): a tiny model, 4 updates, two epochs of the tiny data
+SMOKE_SETS = ["model.n_layers=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2", "data.vocab_size=60",
+              "train.max_tokens=256", "train.max_steps=4", "train.warmup=1", "train.log_every=1"]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"),
+    parser.add_argument("--data", default=str(DATA / "multi30k"),
                         help="Multi30k directory with tok/ (default: ../shared/data/multi30k)")
     parser.add_argument("--src", default="en", help="source language (default: en)")
     parser.add_argument("--tgt", default="de", choices=["de", "fr", "en"], help="target language (default: de)")
@@ -37,7 +43,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("multi30k") as tmp:
+            return main(["--data", str(tiny_multi30k(tmp / "multi30k")), "--out", str(tmp / "run"), "--tgt", args.tgt,
+                         "--average", "2", "--beam", "2", *[a for s in SMOKE_SETS + args.set for a in ("--set", s)]])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     from atencion.allocator import keep_freed_memory

@@ -3,8 +3,8 @@ kind of position (sinusoidal, learned, RoPE, ALiBi, T5's bucketed bias), then it
 loss measured at 1×, 2×, 4×, 8× and 16× the length it was trained on (the shape of the ALiBi
 paper's Figure 1 / Table 2).
 
-    python benchmarks/positions.py --out runs/positions            # train what is missing, evaluate
-    python benchmarks/positions.py --out runs/positions --steps 500 --kinds alibi,rope
+    python -m benchmarks.positions --out runs/positions            # train what is missing, evaluate
+    python -m benchmarks.positions --out runs/positions --steps 500 --kinds alibi,rope
 
 Each model is configs/shakespeare_char.yaml (nanoGPT's baby GPT: 4 layers, 4 heads, d_model 128,
 block 64, 2,000 updates) with ``model.positional`` changed; learned positions keep their table of
@@ -23,17 +23,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, TINY_MODEL, finished, last_summary, smoke_dir, tiny_text
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 
 
 def train_kind(kind: str, args) -> Path:
     run = Path(args.out) / kind
-    if (run / "best").is_dir() and (run / "log.jsonl").is_file() and '"summary"' in (run / "log.jsonl").read_text():
+    if (run / "best").is_dir() and finished(run):
         return run / "best"
     command = [sys.executable, "-m", "atencion", "train", args.config, "--out", str(run),
                f"--set=model.positional={kind}", f"--set=train.max_steps={args.steps}",
                f"--set=data.block_size={args.block}", f"--set=train.max_tokens={args.block * args.batch}",
-               f"--set=model.max_positions={args.block}", f"--set=train.threads={args.threads}"]
+               f"--set=model.max_positions={args.block}", f"--set=train.threads={args.threads}",
+               *[f"--set={item}" for item in args.set]]
     if (run / "checkpoints").is_dir():
         command.append("--resume")
     subprocess.run(command, check=True)
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/positions", help="one run directory per kind is made here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))
-    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"))
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"))
     parser.add_argument("--kinds", default=",".join(kinds_known), help=f"comma-separated, of {', '.join(kinds_known)}")
     parser.add_argument("--steps", type=int, default=2000, help="updates per model (default: 2000)")
     parser.add_argument("--block", type=int, default=64, help="training length (default: 64)")
@@ -96,7 +99,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--factors", default="1,2,4,8,16", help="evaluation lengths as multiples of --block")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per training (0: torch's choice)")
     parser.add_argument("--figure", help="write the figure to this PNG")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every run (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two kinds")
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("positions") as tmp:
+            return main(["--out", str(tmp), "--text", str(tiny_text(tmp / "text.txt.gz")), "--kinds", "learned,alibi",
+                         "--steps", "2", "--block", "16", "--batch", "2", "--factors", "1,2", "--threads", "1",
+                         "--figure", str(tmp / "positions.png"),
+                         *[a for s in [*TINY_MODEL, "train.valid_every=2"] for a in ("--set", s)]])
     args.factors = [int(f) for f in args.factors.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(kinds_known))
@@ -108,8 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     for kind in kinds:
         best = train_kind(kind, args)
         report["loss"][kind] = evaluate_kind(best, args)
-        summary = [json.loads(x) for x in (best.parent / "log.jsonl").read_text().splitlines() if '"summary"' in x]
-        report["train_minutes"][kind] = round(summary[-1]["summary"]["seconds"] / 60, 1)
+        report["train_minutes"][kind] = round(last_summary(best.parent)["seconds"] / 60, 1)
         print(json.dumps({kind: report["loss"][kind]}), file=sys.stderr)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "positions.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -1,8 +1,8 @@
 """The ladder on real data: Multi30k German→English, from an RNN without attention to the
 Transformer, each trained for the same minutes (docs/rnn.md, experiments 1b and 2).
 
-    python benchmarks/rnn_ladder.py --out runs/ladder --minutes 15 --threads 1 --only gru_bahdanau
-    python benchmarks/rnn_ladder.py --out runs/ladder --report docs/figures    # the table and figures
+    python -m benchmarks.rnn_ladder --out runs/ladder --minutes 15 --threads 1 --only gru_bahdanau
+    python -m benchmarks.rnn_ladder --out runs/ladder --report docs/figures    # the table and figures
 
 Each rung is benchmarks/multi30k.py --src de --tgt en with the settings of RUNGS (the Transformer
 is the Transformer-Tiny recipe), and the same schedule for all: warm-up 500 updates to a peak
@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, tiny_multi30k
 
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 RNN = ["model.arch=rnn", "model.d_model=128"]
 BAHDANAU = RNN + ["model.n_layers=1", "model.rnn.hidden=128", "model.rnn.decoder_hidden=256",
                   "model.rnn.attention=bahdanau"]
@@ -53,17 +52,18 @@ BUCKETS = [(1, 8), (9, 12), (13, 16), (17, 20), (21, 60)]
 
 
 def run(name: str, args) -> dict:
-    import multi30k
     import torch
 
     from atencion.data.corpus import read_lines
     from atencion.decode import DecodeConfig
     from atencion.decode.translate import translate_lines
     from atencion.nn.model_dir import load_model_dir
+    from benchmarks import multi30k
 
     out = Path(args.out) / name
-    sets = [f"train.threads={args.threads}", *COMMON, *RUNGS[name]]
+    sets = [f"train.threads={args.threads}", *COMMON, *RUNGS[name], *args.set]
     result = multi30k.main(["--src", "de", "--tgt", "en", "--minutes", str(args.minutes), "--out", str(out),
+                            "--data", args.data,
                             *[a for s in sets for a in ("--set", s)]])
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_dir(result["train"]["best_model"])
@@ -101,7 +101,7 @@ def report(args) -> None:
         print(f"| {r['rung']} | {r['parameters'] / 1e6:.2f}M | {r['updates']} | {r['train_tok_s']} | {bleu} | "
               f"{bleu / r['minutes']:.2f} | {r['beam5_sentences_per_s']} | {r['beam1_sentences_per_s']} | "
               f"{TUTORIAL.get(r['rung'], '')} |")
-        hyps = read_lines(Path(args.out) / r["rung"] / "test2016.best.en")
+        hyps = read_lines(Path(args.out) / r["rung"] / "test2016.best.en", allow_empty=True)
         buckets[r["rung"]] = [(b["words"], b["sentences"], b["bleu_tok"])
                               for b in score_by_length(sources, hyps, refs, BUCKETS)]
     print()
@@ -122,12 +122,23 @@ def report(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/ladder", help="one directory per rung under it")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--data", default=str(DATA / "multi30k"))
     parser.add_argument("--minutes", type=float, default=15, help="training minutes per rung (default: 15)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
     parser.add_argument("--only", choices=list(RUNGS), action="append", help="run these rungs only")
     parser.add_argument("--report", metavar="FIGURES_DIR", help="no training: the table and figures of the runs")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every rung, after its own settings (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two rungs, then the report")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from benchmarks import multi30k
+
+        with smoke_dir("rnn_ladder") as tmp:
+            common = ["--out", str(tmp / "ladder"), "--data", str(tiny_multi30k(tmp / "multi30k"))]
+            main([*common, "--minutes", "1", "--threads", "1", "--only", "gru_bahdanau", "--only", "transformer",
+                  *[a for s in multi30k.SMOKE_SETS for a in ("--set", s)]])
+            return main([*common, "--report", str(tmp)])
     if args.report:
         report(args)
         return

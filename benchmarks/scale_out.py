@@ -1,8 +1,9 @@
 """FSDP against DDP at GPT-2 124M's shape on CPU processes (gloo): what each process holds and how
 fast the processes train, in the same run; and what activation checkpointing saves and costs.
 
-    python benchmarks/scale_out.py                      # 2 processes, 1 thread each, ~3 minutes
-    python benchmarks/scale_out.py --preset gpt-tiny --steps 5
+    python -m benchmarks.scale_out                      # 2 processes, 1 thread each, ~3 minutes
+    python -m benchmarks.scale_out --preset gpt-tiny --steps 5
+    python -m benchmarks.scale_out --smoke              # seconds: a check, not a result
 
 For each setting (ddp, fsdp, each without and with train.activation_checkpointing) a fresh group of
 processes builds the model (atencion's gpt2 preset: 124M parameters with the 50,257-token table),
@@ -23,20 +24,14 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from benchmarks.common import SMOKE_HELP, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+KIND = "speed"  # a speed (and memory) benchmark (benchmarks/__init__.py lists the two groups)
 
 
 def worker(rank: int, world: int, port: int, setting: dict, out: str) -> None:
@@ -107,7 +102,7 @@ def measure(setting: dict, world: int) -> list[dict]:
         return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="gpt2", help="model preset (default: gpt2, 124M)")
     parser.add_argument("--vocab", type=int, default=50257, help="vocabulary (default: GPT-2's 50,257)")
@@ -117,7 +112,12 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2, help="processes (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default: 1)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here gpt-tiny, vocabulary 256, one "
+                        "process, blocks of 16, one timed update")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return main(["--preset", "gpt-tiny", "--vocab", "256", "--block", "16", "--batch", "1", "--steps", "1",
+                     "--world", "1", "--threads", "1"])
     base = dict(preset=args.preset, vocab=args.vocab, block=args.block, batch=args.batch, steps=args.steps,
                 threads=args.threads)
     results = {}

@@ -3,10 +3,10 @@ million non-embedding parameters (2.6 orders of magnitude), trained on the same 
 same number of tokens, their held-out loss fitted against size (L(N) = (N_c / N)^α_N, and the same
 plus an irreducible L_∞) and against compute (the frontier), with the Chinchilla rule beside it.
 
-    python benchmarks/scaling.py --out runs/scaling                      # 72 min at 1 thread, under load
-    python benchmarks/scaling.py --fit runs/scaling/scaling.json \\
+    python -m benchmarks.scaling --out runs/scaling                      # 72 min at 1 thread, under load
+    python -m benchmarks.scaling --fit runs/scaling/scaling.json \\
         --figure docs/figures/scaling.png --table docs/figures/scaling_fit.json
-    python benchmarks/scaling.py --out runs/scaling-smoke --steps 20 --sizes 2   # a look
+    python -m benchmarks.scaling --smoke                                 # a look
 
 The text: Tiny Shakespeare and the English side of Multi30k's training set (../shared/data), in
 characters, the last 10% of each held out (nanoGPT's split). Every model reads the same batches
@@ -34,8 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, tiny_multi30k, tiny_text
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 TEXTS = (DATA / "tinyshakespeare" / "input.txt.gz", DATA / "multi30k" / "raw" / "train.en.gz")
 # (layers, d_model, heads): non-embedding parameters from about 12 k to 4.7 M (12 · layers · d_model², plus
 # biases and norms); d_ff = 4 d_model, 16 dimensions per head at the small end.
@@ -141,7 +142,7 @@ def run(args) -> dict:
     from atencion.tasks.lm import text_stream
 
     torch.set_num_threads(args.threads)
-    train_lines, valid_lines = read_texts(TEXTS)
+    train_lines, valid_lines = read_texts(args.texts or TEXTS)
     tokenizer = Tokenizer.train_text(train_lines, kind="char")
     train_ids = torch.tensor(text_stream(train_lines, tokenizer), dtype=torch.long)
     valid_ids = torch.tensor(text_stream(valid_lines, tokenizer), dtype=torch.long)
@@ -259,7 +260,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=1000, help="with --fit: bootstrap resamplings (default 1,000)")
     parser.add_argument("--figure", help="with --fit: draw the fits to this PNG")
     parser.add_argument("--table", help="with --fit: write the fits to this JSON")
+    parser.add_argument("--texts", nargs="+", help="gzipped texts to train on (default: Tiny Shakespeare and "
+                        "Multi30k's English under ../shared/data)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here the four smallest sizes, then "
+                        "the fit")
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("scaling") as tmp:
+            texts = [str(tiny_text(tmp / "text.txt.gz")),
+                     str(tiny_multi30k(tmp / "multi30k") / "raw" / "train.en.gz")]
+            main(["--out", str(tmp), "--steps", "110", "--sizes", "4", "--batch", "2", "--context", "16",
+                  "--eval-rows", "4", "--threads", "1", "--texts", *texts])
+            return main(["--fit", str(tmp / "scaling.json"), "--samples", "20", "--figure", str(tmp / "scaling.png"),
+                         "--table", str(tmp / "fit.json")])
     if args.fit:
         fit_run(args)
     else:

@@ -1,7 +1,7 @@
 """Table 1's middle column, measured: a training step's time against sentence length for the RNN
 encoder-decoder and for the Transformer on this CPU (docs/rnn.md, experiment 3).
 
-    python benchmarks/sequential.py --threads 2 --figure docs/figures/rnn_step_time.png
+    python -m benchmarks.sequential --threads 2 --figure docs/figures/rnn_step_time.png
 
 Each model trains (forward, backward, Adam) on batches of a fixed number of target tokens
 (--tokens: batch × length is the same at every length, as token batching makes it), source and
@@ -21,6 +21,9 @@ import json
 import statistics
 import time
 
+from benchmarks.common import SMOKE_HELP, smoke_dir
+
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
 MODELS = {
     "gru_bahdanau": dict(arch="rnn", d_model=128, n_layers=1, rnn=dict(hidden=128, decoder_hidden=256)),
     "gru_none": dict(arch="rnn", d_model=128, n_layers=1,
@@ -66,7 +69,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per length (default: 5)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--figure", help="write the plot here (PNG)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("sequential") as tmp:
+            return main(["--lengths", "4,8", "--tokens", "32", "--repeats", "1", "--threads", "1",
+                         "--figure", str(tmp / "step_time.png")])
     import torch
 
     torch.set_num_threads(args.threads)

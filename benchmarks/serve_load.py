@@ -1,8 +1,9 @@
 """Load test of `atencion serve` on loopback: latency, throughput, dynamic batching, overload.
 
-    python benchmarks/serve_load.py --model /tmp/demo2/run/best                 # a table (~2 minutes)
-    python benchmarks/serve_load.py --model /tmp/demo2/run/best --quick         # ~1 minute on 2 cores
-    python benchmarks/serve_load.py --model DIR --clients 32 --requests 16 --repeats 5 --json out.json
+    python -m benchmarks.serve_load --model /tmp/demo2/run/best                 # a table (~2 minutes)
+    python -m benchmarks.serve_load --model /tmp/demo2/run/best --quick         # ~1 minute on 2 cores
+    python -m benchmarks.serve_load --smoke                                      # seconds: a check
+    python -m benchmarks.serve_load --model DIR --clients 32 --requests 16 --repeats 5 --json out.json
 
 The script starts the server itself (`python -m atencion serve`, on 127.0.0.1 and a free port, with
 --threads of this script, default: the CPUs this process may use), waits for GET /health, and
@@ -52,7 +53,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,8 +64,10 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.common import ROOT, SMOKE_HELP, free_port, smoke_dir, smoke_requested
+
+KIND = "speed"  # a speed (and load) benchmark (benchmarks/__init__.py lists the two groups)
 HOST = "127.0.0.1"  # loopback only, always
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # inputs and small helpers ----------------------------------------------------------------------
@@ -81,12 +83,6 @@ def load_inputs(path: str | None) -> tuple[list[str], dict[str, str]]:
 
     _, test = grammar.split(100, 500, seed=0)
     return [p.src for p in test], {p.src: p.tgt for p in test}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def cpu_count() -> int:
@@ -606,9 +602,27 @@ def checks(report: dict, args) -> dict[str, bool]:
 
 # main ------------------------------------------------------------------------------------------
 
+def smoke_model(path: Path) -> Path:
+    """A random translation model (1 + 1 layers, d_model 16) with a character vocabulary of the demo
+    grammar's sentences, saved as a model directory: what the smoke run serves."""
+    import torch
+
+    from atencion import ModelConfig, Transformer
+    from atencion.data.tokenizer import Tokenizer
+    from atencion.nn.model_dir import save_model_dir
+
+    sources, references = load_inputs(None)
+    tokenizer = Tokenizer.train_text(sources + list(references.values()), kind="char")
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.0)
+    torch.manual_seed(0)
+    save_model_dir(path, Transformer(cfg).eval(), tokenizer)
+    return path
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="the model directory to serve (e.g. /tmp/demo2/run/best)")
+    parser.add_argument("--model", required=not smoke_requested(argv),
+                        help="the model directory to serve (e.g. /tmp/demo2/run/best)")
     parser.add_argument("--inputs", help="a text file, one source sentence a line (default: the demo grammar's "
                                          "500 held-out sentences)")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients in phase 2 (default: 32)")
@@ -641,7 +655,16 @@ def main(argv=None) -> int:
                         help="RSS growth allowed under overload (default: 256 MiB)")
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (about a minute)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here a random 1+1-layer model, a few "
+                        "requests, a one-second burst; its checks are printed, not its exit status")
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("serve_load") as tmp:
+            main(["--model", str(args.model or smoke_model(tmp / "model")), "--clients", "2", "--requests", "1",
+                  "--sequential-requests", "2", "--repeats", "1", "--threads", "1", "--beam", "1",
+                  "--overload-clients", "8", "--overload-queue", "1", "--overload-seconds", "1",
+                  "--phase-limit", "30", "--min-ratio", "0", "--server-timeout", "10"])
+        return 0  # a tiny random model's verdicts are no result: the smoke run shows that every phase runs
     args.requests = args.requests or (4 if args.quick else 16)
     args.sequential_requests = args.sequential_requests or (20 if args.quick else 64)
     args.repeats = args.repeats or (3 if args.quick else 5)

@@ -14,8 +14,8 @@ alone and the target with the draft generate ``--new-tokens`` tokens greedily, o
 other, timed apart; reported: median and range over the rounds of tokens/s, speed-up and
 acceptance rate (accepted draft tokens per proposed one).
 
-    python benchmarks/speculative.py                      # trains both (about 35 minutes on one thread), measures
-    python benchmarks/speculative.py --draft-steps 20 --target-steps 20 --rounds 3 --new-tokens 40 \\
+    python -m benchmarks.speculative                      # trains both (about 35 minutes on one thread), measures
+    python -m benchmarks.speculative --draft-steps 20 --target-steps 20 --rounds 3 --new-tokens 40 \\
         --target-set train.max_tokens=512 --out runs/speculative-smoke    # a smoke run: untrained models
 
 The target's run defaults to 1,500 updates (2.3M characters, about two passes over the training
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import DATA, ROOT, SMOKE_HELP, finished, smoke_dir, spread, tiny_text
+
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
 TARGET_SHAPE = ["model.d_model=256", "model.n_heads=8", "model.d_ff=1024", "model.max_positions=256",
                 "data.block_size=256", "train.max_tokens=1536", "train.time_limit_minutes=0"]
 
@@ -50,8 +51,7 @@ def train(name: str, config: str, steps: int, overrides: list[str], args) -> Pat
                f"--set=train.threads={args.threads}", *[f"--set={item}" for item in overrides]]
     mark = run / "speculative_command.json"
     if run.exists():
-        finished = (run / "log.jsonl").is_file() and '"summary"' in (run / "log.jsonl").read_text()
-        if finished and mark.is_file() and json.loads(mark.read_text())["command"][1:] == command[1:]:
+        if finished(run) and mark.is_file() and json.loads(mark.read_text())["command"][1:] == command[1:]:
             return run / "best"
         raise SystemExit(f"{run} holds a run of other settings or an unfinished one; remove it or give another --out")
     subprocess.run(command, check=True)
@@ -110,14 +110,9 @@ def measure(target_dir: Path, draft_dir: Path, args) -> dict:
             rounds[k].append({"prompt": text, "target_tok_s": alone_tps, "speculative_tok_s": stats.tokens_per_second,
                               "speed_up": stats.tokens_per_second / alone_tps, "acceptance": stats.acceptance_rate,
                               "identical": torch.equal(tokens, alone)})
-    return {str(k): {"rounds": r, **{key: spread([x[key] for x in r]) for key in
+    return {str(k): {"rounds": r, **{key: spread([x[key] for x in r], 3) for key in
                                      ("target_tok_s", "speculative_tok_s", "speed_up", "acceptance")},
                      "identical": all(x["identical"] for x in r)} for k, r in rounds.items()}
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
 
 
 def table(results: dict) -> str:
@@ -136,7 +131,7 @@ def table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/speculative", help="the two runs and speculative.json go here")
-    parser.add_argument("--text", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"),
+    parser.add_argument("--text", default=str(DATA / "tinyshakespeare" / "input.txt.gz"),
                         help="the training text (data.train_text; the validation text and the prompts: its last 10%%)")
     parser.add_argument("--draft-config", default=str(ROOT / "configs" / "shakespeare_char.yaml"))
     parser.add_argument("--target-config", default=str(ROOT / "configs" / "shakespeare_char_30min.yaml"))
@@ -153,7 +148,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=200, help="tokens generated per round (default: 200)")
     parser.add_argument("--prompt-chars", type=int, default=16, help="characters of each prompt (default: 16)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, training and timing (default: 1)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two tiny models of 2 updates")
     args = parser.parse_args(argv)
+    if args.smoke:
+        tiny = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "train.max_tokens=256",
+                "train.valid_every=2"]
+        with smoke_dir("speculative") as tmp:
+            return main(["--out", str(tmp), "--text", str(tiny_text(tmp / "text.txt.gz")), "--draft-steps", "2",
+                         "--target-steps", "2", "--rounds", "2", "--new-tokens", "12", "--threads", "1",
+                         *[a for s in tiny for a in ("--draft-set", s)],
+                         *[a for s in tiny for a in ("--target-set", s)]])
     args.draft_tokens = [int(k) for k in args.draft_tokens.split(",") if k]
     if min([args.rounds, args.new_tokens, args.prompt_chars, *args.draft_tokens]) < 1:
         parser.error("--rounds, --new-tokens, --prompt-chars and --draft-tokens must be positive")

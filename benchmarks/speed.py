@@ -4,10 +4,11 @@ models (the `lm` part), atencion vs GPT2LMHeadModel and BertForMaskedLM, and tod
 `llama` part: generation of a SmolLM-135M-shaped Llama against LlamaForCausalLM and, on a CPU,
 CTranslate2 float32 and int8 on atencion's export of it).
 
-    python benchmarks/speed.py                 # a table
-    python benchmarks/speed.py --json          # one JSON object
-    python benchmarks/speed.py --quick         # fewer steps and sentences (under 4 minutes)
-    python benchmarks/speed.py --parts lm      # one part: train, decode, lm, llama (default: all four)
+    python -m benchmarks.speed                 # a table
+    python -m benchmarks.speed --json          # one JSON object
+    python -m benchmarks.speed --quick         # fewer steps and sentences (under 4 minutes)
+    python -m benchmarks.speed --parts lm      # one part: train, decode, lm, llama (default: all four)
+    python -m benchmarks.speed --smoke         # every part on tiny shapes, in seconds: a check, not a result
 
 Two sizes: Transformer-Tiny (4+4 layers, d_model 128, d_ff 256, 4 heads) and `base`
 (6+6, 512, 2048, 8), both with a 10,000-token shared vocabulary and random weights (the same
@@ -65,7 +66,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
-import importlib.util
 import json
 import random
 import statistics
@@ -77,8 +77,10 @@ from pathlib import Path
 import torch
 
 from atencion.allocator import keep_freed_memory
+from benchmarks.common import DATA, SMOKE_HELP, installed
 
-ROOT = Path(__file__).resolve().parents[1]
+KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
+SMOKE = False   # --smoke: every part on tiny shapes (smoke_settings)
 SIZES = {
     "tiny": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4),
     "base": dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8),
@@ -298,6 +300,13 @@ GPT_SHAPES = {  # name: (gpt-tiny overrides, rows, block)
 PROMPT, NEW_TOKENS = 16, 200
 LLAMA_VOCAB = 49152  # SmolLM-135M's
 LLAMA_CPP_PEERS = {"f32": "ours", "q8_0": "ours_int8"}  # a llama.cpp GGUF kind: the atencion engine it is timed against
+
+
+def smoke_settings() -> None:
+    """--smoke: the module's shapes made tiny, so that every part runs in seconds (not a result)."""
+    global SMOKE, NEW_TOKENS, LLAMA_VOCAB
+    SMOKE, NEW_TOKENS, LLAMA_VOCAB = True, 4, 512
+    GPT_SHAPES.update(gpt_tiny=({}, 2, 32), gpt_384=(dict(n_layers=1, d_model=64, d_ff=128, n_heads=2), 2, 32))
 
 
 @dataclass
@@ -571,6 +580,8 @@ def lm_part(args, device: torch.device) -> dict:
     result = {}
     steps, warmup = (4, 1) if args.quick else (12, 2)
     big_steps = 2 if args.quick else 6
+    if SMOKE:
+        steps, big_steps = 2, 1
     if device.type == "cuda":
         steps, big_steps = steps * 5, big_steps * 10
     for name, (overrides, rows, block) in GPT_SHAPES.items():
@@ -579,8 +590,10 @@ def lm_part(args, device: torch.device) -> dict:
         row = lm_training(ours, hf, gpt_loss, gpt_batches(rows, block, n + warmup), warmup, device, args.bf16)
         result[f"{name}_train"] = dict(row, shape=f"{shape_name(ours.cfg)}; {rows} rows x {block} characters")
     ours, hf = lm_models("bert-tiny", BERT_VOCAB)
-    row = lm_training(ours, hf, bert_loss, mlm_batches(32, 2 * steps + warmup), warmup, device, args.bf16)
-    result["bert_tiny_mlm"] = dict(row, shape=f"{shape_name(ours.cfg)}; 32 sentences of 8-128 tokens, 15% masked")
+    sentences = 4 if SMOKE else 32
+    row = lm_training(ours, hf, bert_loss, mlm_batches(sentences, 2 * steps + warmup), warmup, device, args.bf16)
+    result["bert_tiny_mlm"] = dict(row, shape=f"{shape_name(ours.cfg)}; {sentences} sentences of 8-128 tokens, "
+                                              "15% masked")
     ours, hf = lm_models("gpt-tiny", CHARS)
     rounds = args.rounds + 1
     for rows in (1, 16):
@@ -599,17 +612,17 @@ def llama_part(args, device: torch.device) -> dict:
     it, greedy, batch 1 and 16."""
     import tempfile
 
-    ours, hf = lm_models("smollm-135m", LLAMA_VOCAB)
+    ours, hf = lm_models("smollm-135m", LLAMA_VOCAB, **(dict(n_layers=2) if SMOKE else {}))
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = None
-        if device.type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:  # CTranslate2: CPU only
+        if device.type == "cpu" and installed("ctranslate2", "CTranslate2's rows"):  # CTranslate2: CPU only
             from atencion.export import export
 
             ct2_dir = Path(tmp) / "ct2"
             export(ours, ct2_dir, "ctranslate2")
         gguf_dir = None
-        if device.type == "cpu" and importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp: opt-in, CPU here
+        if device.type == "cpu" and installed("llama_cpp", "llama.cpp's rows"):  # llama.cpp: opt-in, CPU here
             gguf_dir = gguf_exports(ours, Path(tmp) / "gguf")
         for rows in (1, 16):
             row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu",
@@ -640,7 +653,11 @@ def training_part(size: str, args, device: torch.device) -> dict:
     warmup = 1 if args.quick else 2
     if device.type == "cuda":
         steps *= 5
-    batches = [b.to(device) for b in training_batches(multi30k_lengths(Path(args.data), "train"), 4096, steps + warmup)]
+    if SMOKE:
+        steps = 2
+    batch_tokens = 512 if SMOKE else 4096
+    batches = [b.to(device) for b in training_batches(multi30k_lengths(Path(args.data), "train"), batch_tokens,
+                                                      steps + warmup)]
     result = {}
     ours.train()
     hf.train()
@@ -669,7 +686,7 @@ def decoding_part(size: str, args, device: torch.device) -> dict:
     hf, ours = build_models(size, dropout=0.1)
     hf, ours = hf.to(device).eval(), ours.to(device).eval()
     n = (100 if size == "tiny" else 40) if args.quick else (args.sentences if size == "tiny" else 100)
-    if device.type == "cuda":
+    if device.type == "cuda" or SMOKE:
         n = args.sentences
     srcs, batches = decode_batches(multi30k_lengths(Path(args.data), "val"), n, args.batch_sentences)
     batches = [(rows, ids.to(device)) for rows, ids in batches]
@@ -680,7 +697,7 @@ def decoding_part(size: str, args, device: torch.device) -> dict:
         from atencion.nn.quantize import quantize_int8
 
         decoders["int8"] = atencion_decoder(quantize_int8(ours), batches, n, args.beam, args.alpha, max_len)
-    ct2 = device.type == "cpu" and importlib.util.find_spec("ctranslate2") is not None  # CTranslate2: CPU only
+    ct2 = device.type == "cpu" and installed("ctranslate2", "CTranslate2's rows")  # CTranslate2: CPU only
     with tempfile.TemporaryDirectory() as tmp:
         if ct2:
             from atencion.export import export
@@ -713,7 +730,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--quick", action="store_true", help="fewer steps and sentences (under 4 minutes)")
     parser.add_argument("--sizes", default="tiny,base", help="comma-separated: tiny, base (default: both)")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--data", default=str(DATA / "multi30k"))
     parser.add_argument("--parts", default="train,decode,lm,llama",
                         help="comma-separated: train, decode (translation, at --sizes), lm (GPT and BERT), llama "
                              "(a Llama-style decoder's generation) (default: all four)")
@@ -729,7 +746,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu; CTranslate2 runs on cpu only)")
     parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (for GPUs)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here every part, the tiny size, "
+                        "shapes and steps made tiny")
     args = parser.parse_args(argv)
+    if args.smoke:
+        smoke_settings()
+        args.quick, args.sizes, args.sentences, args.batch_sentences = True, "tiny", 8, 8
+        args.max_len, args.rounds, args.threads = 4, 1, args.threads or 1
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.parts = args.parts.split(",")
     for name, given, known in (("--parts", args.parts, ("train", "decode", "lm", "llama")),
@@ -742,7 +765,8 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA GPU here")
-    args.peak = matmul_peak_flops(device, torch.bfloat16 if args.bf16 else torch.float32)
+    args.peak = matmul_peak_flops(device, torch.bfloat16 if args.bf16 else torch.float32,
+                                  **(dict(n=256, repeats=2) if SMOKE else {}))
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "bf16": args.bf16, "threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9,
               "torch": torch.__version__}

@@ -3,9 +3,9 @@ on plain English sentences, fine-tuned on SST-2, against the same encoder traine
 scratch; SST-2 dev accuracy of both, and the pretraining's masked accuracy against a guess from
 unigram frequencies.
 
-    python benchmarks/sst2.py --out runs/sst2
-    python benchmarks/sst2.py --out runs/sst2 --mlm-steps 500 --set-classify train.max_epochs=1   # a quick look
-    python benchmarks/sst2.py --out runs/sst2 --seeds 1 2 3      # steps 3-5 with three seeds each
+    python -m benchmarks.sst2 --out runs/sst2
+    python -m benchmarks.sst2 --out runs/sst2 --mlm-steps 500 --set-classify train.max_epochs=1   # a quick look
+    python -m benchmarks.sst2 --out runs/sst2 --seeds 1 2 3      # steps 3-5 with three seeds each
 
 Steps (a finished step is reused when the command is run again):
 1. OUT/data: pretrain.txt = the SST-2 training sentences (each distinct text once) and the English
@@ -36,19 +36,39 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+from benchmarks.common import (
+    DATA,
+    ROOT,
+    SMOKE_HELP,
+    TINY_MODEL,
+    finished,
+    last_summary,
+    smoke_dir,
+    tiny_lines,
+    tiny_multi30k,
+    write_gz,
+)
+
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 
 
-def prepare(out: Path, held_out: int, seed: int) -> Path:
+def tiny_sst2(folder: Path) -> Path:
+    """SST-2-shaped train.tsv.gz and dev.tsv.gz (a header, then label TAB sentence) of made-up sentences."""
+    for name, n in (("train", 60), ("dev", 12)):
+        lines = tiny_lines(n, seed=len(name))
+        write_gz(folder / f"{name}.tsv.gz", ["label\tsentence"] + [f"{i % 2}\t{line}" for i, line in enumerate(lines)])
+    return folder
+
+
+def prepare(out: Path, held_out: int, seed: int, sources: Path = DATA) -> Path:
     data = out / "data"
     if (data / "dev.tsv").is_file():
         return data
     data.mkdir(parents=True, exist_ok=True)
-    with gzip.open(DATA / "sst2" / "train.tsv.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(sources / "sst2" / "train.tsv.gz", "rt", encoding="utf-8") as f:
         rows = f.read().splitlines()[1:]
     texts = list(dict.fromkeys(r.split("\t", 1)[1] for r in rows))
-    with gzip.open(DATA / "multi30k" / "raw" / "train.en.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(sources / "multi30k" / "raw" / "train.en.gz", "rt", encoding="utf-8") as f:
         english = f.read().splitlines()
     rng = random.Random(seed)
     rng.shuffle(rows)
@@ -57,14 +77,13 @@ def prepare(out: Path, held_out: int, seed: int) -> Path:
     (data / "pretrain.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
     (data / "train.tsv").write_text("".join(r + "\n" for r in rows[held_out:]), encoding="utf-8")
     (data / "valid.tsv").write_text("".join(r + "\n" for r in rows[:held_out]), encoding="utf-8")
-    with gzip.open(DATA / "sst2" / "dev.tsv.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(sources / "sst2" / "dev.tsv.gz", "rt", encoding="utf-8") as f:
         (data / "dev.tsv").write_text(f.read(), encoding="utf-8")
     return data
 
 
 def run(config: str, out: Path, sets: list[str], threads: int) -> Path:
-    log = out / "log.jsonl"
-    if log.is_file() and '"summary"' in log.read_text():
+    if finished(out):
         return out
     command = [sys.executable, "-m", "atencion", "train", config, "--out", str(out),
                *[f"--set={s}" for s in sets], f"--set=train.threads={threads}"]
@@ -75,8 +94,7 @@ def run(config: str, out: Path, sets: list[str], threads: int) -> Path:
 
 
 def summary(run_dir: Path) -> dict:
-    records = [json.loads(x) for x in (run_dir / "log.jsonl").read_text().splitlines()]
-    return [r["summary"] for r in records if "summary" in r][-1]
+    return last_summary(run_dir)
 
 
 def sizes(run_dir: Path) -> dict:
@@ -139,9 +157,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set-mlm", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--set-classify", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--set-lora", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--data", default=str(DATA), help="where sst2/ and multi30k/raw/train.en.gz are (default: "
+                        "../shared/data)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        with smoke_dir("sst2") as tmp:
+            tiny_sst2(tmp / "data" / "sst2")
+            tiny_multi30k(tmp / "data" / "multi30k")
+            tiny = [*TINY_MODEL, "data.vocab_size=60", "train.max_tokens=256", "train.max_steps=2",
+                    "train.valid_every=2"]
+            return main(["--out", str(tmp / "sst2"), "--data", str(tmp / "data"), "--held-out", "10", "--threads", "1",
+                         *[a for s in tiny for option in ("--set-mlm", "--set-classify") for a in (option, s)]])
     out = Path(args.out)
-    data = prepare(out, args.held_out, args.seed)
+    data = prepare(out, args.held_out, args.seed, Path(args.data))
     mlm_sets = [f"data.train_text={data / 'pretrain.txt'}", *args.set_mlm]
     if args.mlm_steps:
         mlm_sets.append(f"train.max_steps={args.mlm_steps}")

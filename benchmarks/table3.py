@@ -1,8 +1,8 @@
 """Table 3's ablations that a CPU can run, on Multi30k English→German with the Transformer-Tiny
 recipe, the same minutes each (docs/rnn.md, experiment 5).
 
-    python benchmarks/table3.py --out runs/table3 --minutes 8 --threads 1 --only base_seed1
-    python benchmarks/table3.py --out runs/table3 --report     # the table, beside the paper's
+    python -m benchmarks.table3 --out runs/table3 --minutes 8 --threads 1 --only base_seed1
+    python -m benchmarks.table3 --out runs/table3 --report     # the table, beside the paper's
 
 Every row is benchmarks/multi30k.py (configs/multi30k_en_de_tiny.yaml) with one change, the
 warm-up shortened to --warmup updates (the recipe's 2,000 outlast these budgets), greedy
@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import DATA, SMOKE_HELP, smoke_dir, tiny_multi30k
 
+KIND = "experiment"  # trains and reports quality (benchmarks/__init__.py lists the two groups)
 ROWS = {
     "base_seed1": ["train.seed=1"],
     "base_seed2": ["train.seed=2"],
@@ -44,12 +43,12 @@ PAPER = {"base": (5.00, 25.5), "A_heads_8": (4.92, 25.8), "A_heads_1": (5.29, 24
 
 
 def run(name: str, args) -> dict:
-    import multi30k
+    from benchmarks import multi30k
 
     out = Path(args.out) / name
     sets = [f"train.threads={args.threads}", f"train.warmup={args.warmup}", "decode.beam=1", "train.log_every=100",
-            *ROWS[name]]
-    result = multi30k.main(["--minutes", str(args.minutes), "--out", str(out), "--average", "0",
+            *args.set, *ROWS[name]]
+    result = multi30k.main(["--minutes", str(args.minutes), "--out", str(out), "--average", "0", "--data", args.data,
                             *[a for s in sets for a in ("--set", s)]])
     records = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
     best = next(r for r in records if r.get("step") == result["train"]["best_step"] and "valid_ppl" in r)
@@ -91,7 +90,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="warm-up updates (default: 400; the recipe's 2,000 would not end within minutes)")
     parser.add_argument("--only", choices=list(ROWS), action="append", help="run these rows only")
     parser.add_argument("--report", action="store_true", help="no training: the table of the runs")
+    parser.add_argument("--data", default=str(DATA / "multi30k"), help="Multi30k directory with tok/ (default: "
+                        "../shared/data/multi30k)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every row, before the row's own change (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; here two rows, then the report")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from benchmarks import multi30k
+
+        with smoke_dir("table3") as tmp:
+            common = ["--out", str(tmp / "table3"), "--data", str(tiny_multi30k(tmp / "multi30k"))]
+            main([*common, "--minutes", "0", "--threads", "1", "--warmup", "1", "--only", "base_seed1", "--only",
+                  "A_heads_1", *[a for s in multi30k.SMOKE_SETS for a in ("--set", s)]])
+            return main([*common, "--report"])
     if args.report:
         report(args)
         return

@@ -13,15 +13,15 @@ out=${1:-runs/gpu-check}
 data=${2:-../shared/data/multi30k}
 minutes=${3:-3}
 mkdir -p "$out"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
-python3 benchmarks/speed.py --quick --device cuda --json --data "$data" | tee "$out/speed_fp32.json"
-python3 benchmarks/speed.py --quick --device cuda --bf16 --json --data "$data" | tee "$out/speed_bf16.json"
-python3 benchmarks/multi30k.py --data "$data" --out "$out/m30k" --minutes "$minutes" \
+python3 -m benchmarks.speed --quick --device cuda --json --data "$data" | tee "$out/speed_fp32.json"
+python3 -m benchmarks.speed --quick --device cuda --bf16 --json --data "$data" | tee "$out/speed_bf16.json"
+python3 -m benchmarks.multi30k --data "$data" --out "$out/m30k" --minutes "$minutes" \
     --set train.device=cuda --set train.bf16=true --set train.progress=false \
     --set train.tensorboard=false --set train.max_steps=100000 --set decode.beam=1 2> "$out/m30k.log" | tee "$out/m30k.json"
-python3 benchmarks/gpt2_recipe.py --out "$out/gpt2" 2> "$out/gpt2.log" | tee "$out/gpt2.json"
+python3 -m benchmarks.gpt2_recipe --out "$out/gpt2" 2> "$out/gpt2.log" | tee "$out/gpt2.json"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-python3 -m torch.distributed.run --nproc-per-node "$gpus" benchmarks/gpt2_recipe.py --out "$out/gpt2-fsdp" \
+python3 -m torch.distributed.run --nproc-per-node "$gpus" -m benchmarks.gpt2_recipe --out "$out/gpt2-fsdp" \
     --set train.distributed=fsdp 2> "$out/gpt2-fsdp.log" | tee "$out/gpt2-fsdp.json"
