@@ -19,11 +19,18 @@ LLAMA3 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_fa
           "original_max_position_embeddings": 16}
 
 
+@pytest.fixture(autouse=True)
+def unmeasured(monkeypatch):
+    """The kernels wherever they apply, as with ATENCION_MATVEC=1 (the measured choice: test_kernels.py)."""
+    matvec.kernel()
+    monkeypatch.setattr(matvec.KERNELS, "policy", "always")
+
+
 @pytest.fixture(scope="module")
 def step_kernel():
-    if matvec.kernel() is None or matvec._decoder_step is None:
+    if matvec.kernel() is None or matvec.KERNELS.decoder_step is None:
         pytest.skip("the kernels did not compile here, or without AVX-512 or AVX2: every step goes layer by layer")
-    return matvec._decoder_step
+    return matvec.KERNELS.decoder_step
 
 
 def llama(seed: int = 0, **overrides) -> Transformer:
@@ -47,7 +54,7 @@ def stepped(model: Transformer, ids: Tensor, prompt: int) -> Tensor:
 
 def spied(monkeypatch, kernel) -> list:
     calls = []
-    monkeypatch.setattr(matvec, "_decoder_step", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    monkeypatch.setattr(matvec.KERNELS, "decoder_step", lambda *a: calls.append(a[0].shape) or kernel(*a))
     return calls
 
 
@@ -114,10 +121,10 @@ def test_the_step_gives_the_same_numbers_on_any_number_of_threads(step_kernel, m
     model = llama(n_kv_heads=2, n_layers=3, d_model=128, d_ff=200, n_heads=4)
     model = quantize_int8(model) if int8 else model
     calls = []
-    monkeypatch.setattr(matvec, "_decoder_step", lambda *a: calls.append(a) or step_kernel(*a))
+    monkeypatch.setattr(matvec.KERNELS, "decoder_step", lambda *a: calls.append(a) or step_kernel(*a))
     ids = torch.randint(4, 97, (rows, 12), generator=torch.Generator().manual_seed(rows))
     stepped(model, ids, 5)
-    x, params, scales, keys, values, start, *rest = calls[-1]
+    x, layers, keys, values, start, *rest = calls[-1]
     outputs, written = [], []
     threads = torch.get_num_threads()
     try:
@@ -125,7 +132,7 @@ def test_the_step_gives_the_same_numbers_on_any_number_of_threads(step_kernel, m
             torch.set_num_threads(n)
             for buffer in keys + values:
                 buffer[:, :, start].fill_(float("nan"))  # the new keys and values written again each time
-            outputs.append(step_kernel(x, params, scales, keys, values, start, *rest))
+            outputs.append(step_kernel(x, layers, keys, values, start, *rest))
             written.append(torch.stack([b[:, :, start] for b in keys + values]))
     finally:
         torch.set_num_threads(threads)
@@ -224,7 +231,14 @@ def test_a_step_given_a_mask_goes_layer_by_layer_and_keeps_it(step_kernel, monke
     assert not torch.allclose(masked, unmasked, atol=1e-3)
 
 
-@pytest.mark.parametrize("which,shape", [(1, (60, 64)), (6, (96, 65)), (10, (64, 95)), (2, (7,)), (5, (63,))],
+def replaced(params, which: str, tensor: Tensor):
+    """``params`` (fused.LayerParams) with the tensor ``which`` names ("qkv.weight", "ffn_norm") replaced."""
+    name, _, part = which.partition(".")
+    return params._replace(**{name: getattr(params, name)._replace(**{part: tensor}) if part else tensor})
+
+
+@pytest.mark.parametrize("which,shape", [("qkv.weight", (60, 64)), ("gate.weight", (96, 65)),
+                                         ("down.weight", (64, 95)), ("qkv.bias", (7,)), ("ffn_norm", (63,))],
                          ids=["W_qkv-rows", "W1-columns", "W2-columns", "qkv-bias", "norm"])
 def test_the_kernel_refuses_parameters_of_the_wrong_shape(step_kernel, which, shape):
     """A parameter that does not fit the step's shapes is an error, not a read past its end."""
@@ -233,19 +247,21 @@ def test_the_kernel_refuses_parameters_of_the_wrong_shape(step_kernel, which, sh
     model = llama(n_layers=1)
     state = model.init_state()
     with torch.no_grad():
-        params, int8 = fused.plan(model.decoder, 1)
+        (params,) = fused.plan(model.decoder, 1)
         model.decode_step(torch.randint(4, 97, (1, 3)), state)
-    params[which] = torch.zeros(shape)
+    layers = fused.for_kernel([replaced(params, which, torch.zeros(shape))])
     rooms = [c.room(4) for c in state.self_caches]
     x, cs = torch.zeros(1, 64), torch.zeros(16)
     with pytest.raises(RuntimeError, match="decoder_step: (each weight|each bias|RMSNorm)"):
-        step_kernel(x, params, int8, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
 
 
 @pytest.mark.parametrize("rows", [1, 3], ids=["rows", "int8-panels"])
-@pytest.mark.parametrize("which,shape,dtype", [(1, (60, 64), torch.int8), (10, (64, 95), torch.int8),
-                                               (1, (192, 64), torch.float32), (2, (7,), torch.float32),
-                                               ("scales", (95,), torch.float32), ("sums", (96,), torch.int64)],
+@pytest.mark.parametrize("which,shape,dtype", [("qkv.weight", (60, 64), torch.int8),
+                                               ("down.weight", (64, 95), torch.int8),
+                                               ("qkv.weight", (192, 64), torch.float32),
+                                               ("qkv.bias", (7,), torch.float32), ("gate.scales", (95,), torch.float32),
+                                               ("down.sums", (96,), torch.int64)],
                          ids=["W_qkv-rows", "W2-columns", "a-float32-weight", "qkv-bias", "scales", "sums"])
 def test_the_kernel_refuses_int8_parameters_of_the_wrong_shape(step_kernel, rows, which, shape, dtype):
     from atencion.nn import fused
@@ -254,15 +270,10 @@ def test_the_kernel_refuses_int8_parameters_of_the_wrong_shape(step_kernel, rows
     model = quantize_int8(llama(n_layers=1, bias=True))
     state = model.init_state()
     with torch.no_grad():
-        params, int8 = fused.plan(model.decoder, rows)
+        (params,) = fused.plan(model.decoder, rows)
         model.decode_step(torch.randint(4, 97, (rows, 3)), state)
-    if which == "scales":
-        int8[4] = torch.zeros(shape, dtype=dtype)  # W1's
-    elif which == "sums":
-        int8[9] = torch.zeros(shape, dtype=dtype)  # W2's
-    else:
-        params[which] = torch.zeros(shape, dtype=dtype)
+    layers = fused.for_kernel([replaced(params, which, torch.zeros(shape, dtype=dtype))])
     rooms = [c.room(4) for c in state.self_caches]
     x, cs = torch.zeros(rows, 64), torch.zeros(16)
     with pytest.raises(RuntimeError, match="decoder_step: (each|every) (int8 )?(weight|bias)"):
-        step_kernel(x, params, int8, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)

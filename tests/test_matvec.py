@@ -74,6 +74,14 @@ def test_the_avx512_kernels_run_emulated(tmp_path):
     assert " passed" in result.stdout, report
 
 
+@pytest.fixture(autouse=True)
+def unmeasured(monkeypatch):
+    """The kernels wherever they apply, as with ATENCION_MATVEC=1: these tests check the kernels and where
+    they apply; the measured choice between them and F.linear is test_kernels.py's."""
+    matvec.kernel()
+    monkeypatch.setattr(matvec.KERNELS, "policy", "always")
+
+
 @pytest.fixture(scope="module")
 def kernel():
     compiled = matvec.kernel()
@@ -101,7 +109,7 @@ def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch
         calls.append(tuple(x.shape))
         return kernel(x, weight, bias)
 
-    monkeypatch.setattr(matvec, "_kernel", spy)
+    monkeypatch.setattr(matvec.KERNELS, "matvec", spy)
     weight = torch.randn(64, 32, requires_grad=True)
     x = torch.randn(2, 1, 32)
     with torch.no_grad():
@@ -123,11 +131,11 @@ def test_the_kernel_is_used_for_a_few_rows_in_inference_only(kernel, monkeypatch
     assert calls == []
 
 
-def test_switched_off_by_the_environment_f_linear_alone(monkeypatch):
-    monkeypatch.setattr(matvec, "_kernel", None)
-    monkeypatch.setattr(matvec, "_tried", False)
+def test_switched_off_by_the_environment_f_linear_alone(monkeypatch, tmp_path):
     monkeypatch.setenv("ATENCION_MATVEC", "0")
-    assert matvec.kernel() is None
+    monkeypatch.setattr(matvec, "KERNELS", matvec.Kernels(root=tmp_path))
+    assert matvec.kernel() is None and matvec.KERNELS.reason == "switched off (ATENCION_MATVEC=0)"
+    assert list(tmp_path.iterdir()) == []  # nothing built
     x, weight = torch.randn(1, 8), torch.randn(4, 8)
     with torch.no_grad():
         assert torch.equal(matvec.linear(x, weight), F.linear(x, weight))
@@ -152,14 +160,15 @@ def test_a_decoder_generates_the_same_with_and_without_it(kernel, monkeypatch):
         return ids, torch.stack(logits, 1)
 
     calls = []
-    names = ("_kernel", "_rms_norm", "_rotate") + (("_attend_one",) if matvec._attend_one is not None else ())
+    names = ("matvec", "rms_norm", "rotate") + (("attend_one",) if matvec.KERNELS.attend_one is not None else ())
     for name in names:
-        compiled = getattr(matvec, name)
-        monkeypatch.setattr(matvec, name, lambda *a, name=name, compiled=compiled: calls.append(name) or compiled(*a))
+        compiled = getattr(matvec.KERNELS, name)
+        monkeypatch.setattr(matvec.KERNELS, name, lambda *a, name=name, compiled=compiled: calls.append(name)
+                            or compiled(*a))
     with_kernel = greedy()
     assert set(calls) == set(names)  # the three rows of each step went through them
     for name in names:
-        monkeypatch.setattr(matvec, name, None)
+        monkeypatch.setattr(matvec.KERNELS, name, None)
     without = greedy()
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
@@ -176,11 +185,11 @@ def test_the_kernels_take_any_leading_shape_and_give_it_back(kernel, shape):
     bias = torch.randn(1001, generator=generator)
     layer = int8_layer(1001, 577, True, 3)
     products = [lambda x: kernel(x, weight, bias),
-                lambda x: matvec._kernel_int8(x, layer._int8, layer._scales, layer._sums, layer.bias)]
-    if matvec._panels_kernel is not None:
-        products.append(lambda x: matvec._panels_kernel(x, matvec.panels(weight), 1001, bias))
-    if matvec._int8_panels_kernel is not None:
-        products.append(lambda x: matvec._int8_panels_kernel(x, matvec.int8_panels(layer._int8), 1001,
+                lambda x: matvec.KERNELS.matvec_int8(x, layer._int8, layer._scales, layer._sums, layer.bias)]
+    if matvec.KERNELS.matmul_panels is not None:
+        products.append(lambda x: matvec.KERNELS.matmul_panels(x, matvec.panels(weight), 1001, bias))
+    if matvec.KERNELS.matmul_int8_panels is not None:
+        products.append(lambda x: matvec.KERNELS.matmul_int8_panels(x, matvec.int8_panels(layer._int8), 1001,
                                                              layer._scales, layer._sums, layer.bias))
     for product in products:
         got = product(x)
@@ -189,12 +198,13 @@ def test_the_kernels_take_any_leading_shape_and_give_it_back(kernel, shape):
     strided = torch.randn(577, rows.size(0), generator=generator).t()  # (rows, 577), not contiguous
     assert torch.equal(kernel(strided, weight, bias), kernel(strided.contiguous(), weight, bias))
     gain = torch.randn(577, generator=generator)
-    assert torch.equal(matvec._rms_norm(x, gain, 1e-5).reshape(-1, 577), matvec._rms_norm(rows, gain, 1e-5))
+    rms_norm = matvec.KERNELS.rms_norm
+    assert torch.equal(rms_norm(x, gain, 1e-5).reshape(-1, 577), rms_norm(rows, gain, 1e-5))
 
 
 @pytest.fixture(scope="module")
 def kernel_int8(kernel):
-    return matvec._kernel_int8
+    return matvec.KERNELS.matvec_int8
 
 
 def int8_layer(n: int, k: int, bias: bool, seed: int):
@@ -223,10 +233,11 @@ def test_the_int8_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_
 
 def test_int8_layers_use_the_kernels_for_up_to_16_rows_and_fbgemm_for_more(kernel_int8, monkeypatch):
     calls = []
-    monkeypatch.setattr(matvec, "_kernel_int8", lambda *a: calls.append(("dots", a[0].size(0))) or kernel_int8(*a))
-    panels = matvec._int8_panels_kernel
+    monkeypatch.setattr(matvec.KERNELS, "matvec_int8",
+                        lambda *a: calls.append(("dots", a[0].size(0))) or kernel_int8(*a))
+    panels = matvec.KERNELS.matmul_int8_panels
     if panels is not None:
-        monkeypatch.setattr(matvec, "_int8_panels_kernel", lambda *a: calls.append(("panels", a[0].size(0)))
+        monkeypatch.setattr(matvec.KERNELS, "matmul_int8_panels", lambda *a: calls.append(("panels", a[0].size(0)))
                             or panels(*a))
     layer = int8_layer(64, 32, True, 0)
     with torch.no_grad():
@@ -234,7 +245,7 @@ def test_int8_layers_use_the_kernels_for_up_to_16_rows_and_fbgemm_for_more(kerne
         more = layer(torch.ones(matvec.PANEL_ROWS, 32))
         many = layer(torch.ones(matvec.PANEL_ROWS + 1, 32))
     # the panels take from 1 row (AVX-512 VNNI) or 3 (AVX2) up to 16, where they are faster; the dot products fewer
-    two = ("panels" if panels is not None and matvec._int8_panels_from <= 2 else "dots", 2)
+    two = ("panels" if panels is not None and matvec.KERNELS.int8_panels_from <= 2 else "dots", 2)
     assert calls == ([two, ("panels", matvec.PANEL_ROWS)] if panels is not None else [two])
     assert few.shape == (2, 1, 64)
     torch.testing.assert_close(few[:, 0], many[:2], rtol=1e-6, atol=1e-6)  # fbgemm's rows: the same values
@@ -244,14 +255,14 @@ def test_int8_layers_use_the_kernels_for_up_to_16_rows_and_fbgemm_for_more(kerne
 @pytest.mark.parametrize("rows", [1, 2, 3, matvec.MAX_ROWS + 1, 7, 11, matvec.PANEL_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_int8_panels_kernel_computes_what_pytorchs_dynamic_int8_linear_does(kernel_int8, rows, bias):
-    if matvec._int8_panels_kernel is None:
+    if matvec.KERNELS.matmul_int8_panels is None:
         pytest.skip("the kernel was compiled without AVX-512 VNNI: the dot products or fbgemm")
     layer = int8_layer(1001, 577, bias, rows)  # 1001 rows, 577 columns: padding in both
     generator = torch.Generator().manual_seed(20 + rows)
     for x in (torch.randn(rows, 577, generator=generator), torch.rand(rows, 577, generator=generator) + 0.5,
               -torch.rand(rows, 577, generator=generator), torch.zeros(rows, 577)):
         want = torch.ops.quantized.linear_dynamic(x, layer._packed, True)
-        got = matvec._int8_panels_kernel(x, matvec.int8_panels(layer._int8), 1001, layer._scales, layer._sums,
+        got = matvec.KERNELS.matmul_int8_panels(x, matvec.int8_panels(layer._int8), 1001, layer._scales, layer._sums,
                                          layer.bias)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -275,14 +286,14 @@ def test_an_int8_decoder_generates_the_same_with_and_without_it(kernel_int8, mon
         return ids, step
 
     calls = []
-    kernels = [name for name in ("_kernel_int8", "_int8_panels_kernel") if getattr(matvec, name) is not None]
+    kernels = [name for name in ("matvec_int8", "matmul_int8_panels") if getattr(matvec.KERNELS, name) is not None]
     for name in kernels:
-        compiled = getattr(matvec, name)
-        monkeypatch.setattr(matvec, name, lambda *a, compiled=compiled: calls.append(1) or compiled(*a))
+        compiled = getattr(matvec.KERNELS, name)
+        monkeypatch.setattr(matvec.KERNELS, name, lambda *a, compiled=compiled: calls.append(1) or compiled(*a))
     with_kernel = greedy()
     assert calls
     for name in kernels:
-        monkeypatch.setattr(matvec, name, None)
+        monkeypatch.setattr(matvec.KERNELS, name, None)
     without = greedy()  # fbgemm's
     assert torch.equal(with_kernel[0], without[0])
     torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-5, atol=1e-5)
@@ -297,9 +308,9 @@ def test_the_rms_norm_kernel_normalises_as_torch_does(kernel, rows):
         reference.weight.copy_(norm.weight)
     x = torch.randn(rows, 1, 577) * 3
     calls = []
-    compiled = matvec._rms_norm
+    compiled = matvec.KERNELS.rms_norm
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(matvec, "_rms_norm", lambda *a: calls.append(1) or compiled(*a))
+        patch.setattr(matvec.KERNELS, "rms_norm", lambda *a: calls.append(1) or compiled(*a))
         got = norm(x)
         many = norm(torch.randn(matvec.SMALL_ROWS + 1, 577))  # more rows: PyTorch's
     assert calls == [1] and many.shape == (matvec.SMALL_ROWS + 1, 577)
@@ -329,9 +340,9 @@ def test_the_rope_kernel_turns_queries_and_keys_as_rotate_does(kernel, length):
 
 @pytest.fixture(scope="module")
 def panels_kernel(kernel):
-    if matvec._panels_kernel is None:
+    if matvec.KERNELS.matmul_panels is None:
         pytest.skip("the kernel was compiled without AVX-512: 6-16 rows go to F.linear")
-    return matvec._panels_kernel
+    return matvec.KERNELS.matmul_panels
 
 
 @pytest.mark.parametrize("rows", [matvec.MAX_ROWS + 1, 7, 11, matvec.PANEL_ROWS])
@@ -347,7 +358,7 @@ def test_the_panels_kernel_multiplies_as_f_linear_does(panels_kernel, rows, bias
 
 def test_6_to_16_rows_use_the_panels_made_once_and_again_when_the_weight_changes(panels_kernel, monkeypatch):
     calls = []
-    monkeypatch.setattr(matvec, "_panels_kernel", lambda x, p, n, b: calls.append((x.size(0), p.data_ptr()))
+    monkeypatch.setattr(matvec.KERNELS, "matmul_panels", lambda x, p, n, b: calls.append((x.size(0), p.data_ptr()))
                         or panels_kernel(x, p, n, b))
     layer = matvec.Linear(32, 40)
     with torch.no_grad():
@@ -389,9 +400,9 @@ def test_panels_are_made_again_after_an_optimizer_step(panels_kernel, fused):
 
 @pytest.fixture(scope="module")
 def attend_kernel(kernel):
-    if matvec._attend_one is None:
+    if matvec.KERNELS.attend_one is None:
         pytest.skip("the kernel was compiled without AVX-512 or AVX2: attention goes to PyTorch's")
-    return matvec._attend_one
+    return matvec.KERNELS.attend_one
 
 
 @pytest.mark.parametrize("shape", [(16, 9, 3, 120, 64), (1, 4, 4, 1, 32), (3, 8, 1, 17, 16), (2, 6, 2, 33, 48),
@@ -440,7 +451,7 @@ def test_attention_uses_the_kernel_for_one_query_without_a_mask_only(attend_kern
     from atencion.nn.attention import scaled_dot_product_attention
 
     calls = []
-    monkeypatch.setattr(matvec, "_attend_one", lambda *a: calls.append(a[0].shape) or attend_kernel(*a))
+    monkeypatch.setattr(matvec.KERNELS, "attend_one", lambda *a: calls.append(a[0].shape) or attend_kernel(*a))
     q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 5, 16)
     scaled_dot_product_attention(q, k, k)
     assert len(calls) == 1

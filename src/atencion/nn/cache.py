@@ -238,7 +238,7 @@ class DecoderState:
     memory: Tensor | None = None  # the encoder output, until the first step has cached it
     group: int = 1                # decoder rows per source sentence (the beam)
     origin: Tensor | None = None  # beams only: (sentences, group, offset) beam slots of the ancestors
-    fused: tuple | bool | None = None  # nn/fused.py's (layout, parameters, int8 scales and sums); False: not
+    fused: tuple | bool | None = None  # nn/fused.py's (layout, its layers for the kernel, made once); False: not
 
     def self_attention_mask(self, rows: int, length: int, device) -> Tensor | None:
         """The self-attention mask for ``length`` new positions of ``rows`` decoder rows (and,

@@ -19,6 +19,7 @@ in the last bit."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,16 +28,40 @@ from . import matvec
 from .attention import RelativeTerms
 from .cache import DecoderState, KVCache
 from .layers import ACTIVATIONS, GatedFeedForward
-from .positional import RotaryPositions
+from .positional import rotates
 from .quantize import Int8Linear
 
 _NO_BIAS = torch.empty(0)
-_WEIGHTS = (1, 3, 6, 8, 10)  # W^QKV, W^O, W1, W3, W2 among a layer's 12 tensors
 
 
-def _layer_params(layer: nn.Module) -> tuple[list[Tensor], list[nn.Module]] | None:
-    """One block's 12 tensors in ``decoder_step``'s order, its weights as they are, and its 5 linear
-    layers; or None if it is not a Llama block."""
+class Product(NamedTuple):
+    """One product of a layer for ``decoder_step``: its weight (float32 or int8, as rows or in panels), its
+    bias (empty where none), and an int8 weight's scales and int32 row sums (empty for float32)."""
+
+    weight: Tensor
+    bias: Tensor
+    scales: Tensor = _NO_BIAS
+    sums: Tensor = _NO_BIAS
+
+
+class LayerParams(NamedTuple):
+    """A Llama block's parameters by name, as matvec.cpp's ``Layer`` holds them."""
+
+    attn_norm: Tensor  # RMSNorm before attention
+    qkv: Product  # W^QKV (q heads, then k, then v)
+    out: Product  # W^O
+    ffn_norm: Tensor  # RMSNorm before the feed-forward layer
+    gate: Product  # W1 of SwiGLU
+    up: Product  # W3
+    down: Product  # W2
+
+
+PRODUCTS = ("qkv", "out", "gate", "up", "down")  # LayerParams' products, in the order of _layer_params' linears
+
+
+def _layer_params(layer: nn.Module) -> tuple[LayerParams, list[nn.Module]] | None:
+    """One block's parameters, its weights as they are, and its 5 linear layers; or None if it is not
+    a Llama block."""
     attn, ffn = layer.self_attn, layer.ffn
     linears = (attn.in_proj, attn.out_proj) + ((ffn.linear1, ffn.linear3, ffn.linear2)
                                                if isinstance(ffn, GatedFeedForward) else ())
@@ -47,36 +72,50 @@ def _layer_params(layer: nn.Module) -> tuple[list[Tensor], list[nn.Module]] | No
             and type(layer.res_ffn.norm) is matvec.RMSNorm and layer.res_self.norm.eps == layer.res_ffn.norm.eps):
         return None
 
-    def bias(m: nn.Module) -> Tensor:
-        return _NO_BIAS if m.bias is None else m.bias
+    def product(m: nn.Module) -> Product:
+        return Product(m.weight, _NO_BIAS if m.bias is None else m.bias)
 
     w_qkv, w_o, w1, w3, w2 = linears
-    return [layer.res_self.norm.weight, w_qkv.weight, bias(w_qkv), w_o.weight, bias(w_o),
-            layer.res_ffn.norm.weight, w1.weight, bias(w1), w3.weight, bias(w3), w2.weight, bias(w2)], list(linears)
+    return LayerParams(layer.res_self.norm.weight, product(w_qkv), product(w_o), layer.res_ffn.norm.weight,
+                       product(w1), product(w3), product(w2)), list(linears)
+
+
+def tensors_of(params: LayerParams) -> list[Tensor]:
+    """Every tensor of a layer's parameters."""
+    return [params.attn_norm, params.ffn_norm] + [t for name in PRODUCTS for t in getattr(params, name)]
+
+
+def for_kernel(planned: list[LayerParams]) -> list:
+    """``plan``'s layers as matvec.cpp's ``Layer`` objects (made once per decoding), ``decoder_step``'s input."""
+    module = matvec.KERNELS.module
+    return [module.Layer(attn_norm=p.attn_norm, ffn_norm=p.ffn_norm,
+                         **{name: module.Product(*getattr(p, name)) for name in PRODUCTS}) for p in planned]
 
 
 def layout(rows: int) -> tuple[bool, bool]:
     """Whether ``rows`` rows take the float32 weights in panels (past ``MAX_ROWS``) and the int8 ones
-    in int8 panels (from ``matvec._int8_panels_from``): where each beats the dot products."""
-    return rows > matvec.MAX_ROWS, matvec._int8_panels_kernel is not None and rows >= matvec._int8_panels_from
+    in int8 panels (from ``KERNELS.int8_panels_from``): where each beats the dot products."""
+    kernels = matvec.KERNELS
+    return rows > matvec.MAX_ROWS, kernels.matmul_int8_panels is not None and rows >= kernels.int8_panels_from
 
 
-def plan(decoder: nn.Module, rows: int) -> tuple[list[Tensor], list[Tensor]] | None:
-    """Every layer's parameters in ``decoder_step``'s order for ``rows`` rows, and its int8 weights'
-    scales and sums (empty tensors for float32 ones); each weight laid out as ``layout`` says
-    (``matvec.panels`` and ``int8_panels``: a second copy, made once); or None where the step
-    cannot run there (another kind of block or positions, virtual tokens, training, gradients, not
-    float32 or int8 on a CPU)."""
+def plan(decoder: nn.Module, rows: int) -> list[LayerParams] | None:
+    """Every layer's parameters for ``rows`` rows, each weight laid out as ``layout`` says
+    (``matvec.panels`` and ``int8_panels``: a second copy, made once), an int8 one with its scales and
+    sums; or None where the step cannot run there (another kind of block or positions, virtual tokens,
+    training, gradients, not float32 or int8 on a CPU) or, for float32 weights, where the kernel's
+    products are slower than ``F.linear`` at these rows (``matvec.Kernels.wins``: the layer by layer path
+    then uses each where it is faster)."""
     if (os.environ.get("ATENCION_FUSED", "1") == "0" or decoder.training or decoder.positions is not None
-            or not isinstance(decoder.relative, RotaryPositions) or decoder.embed_norm is not None
+            or not rotates(decoder.relative) or decoder.embed_norm is not None
             or decoder.prefix is not None or decoder.prompt is not None or matvec.kernel() is None
-            or matvec._decoder_step is None):
+            or matvec.KERNELS.decoder_step is None):
         return None
     layers = [_layer_params(layer) for layer in decoder.layers]
     if any(own is None for own in layers) or len({type(linears[0]) for _, linears in layers}) > 1:
         return None  # another kind of block, or int8 and float32 layers mixed
     attn = decoder.layers[0].self_attn
-    tensors = [t for own, _ in layers for t in own]
+    tensors = [t for own, _ in layers for t in tensors_of(own)]
     if not (attn.d_k % 16 == 0 and attn.d_k <= 256 and matvec._inference(*tensors)
             and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)):
         return None
@@ -84,17 +123,20 @@ def plan(decoder: nn.Module, rows: int) -> tuple[list[Tensor], list[Tensor]] | N
     quantized = type(layers[0][1][0]) is Int8Linear  # (the checks above read its float32 copy of W)
     if quantized and rows > matvec.MAX_ROWS and not int8_panels:
         return None
-    params, int8 = [], []
+    if not quantized and not all(matvec.KERNELS.wins(*m.weight.shape, rows) for m in layers[0][1]):
+        return None
+    planned = []
     for own, linears in layers:
-        if quantized:
-            for i, m in zip(_WEIGHTS, linears):
-                own[i] = matvec.int8_panels(m._int8) if int8_panels else m._int8
-                int8 += [m._scales, m._sums]
-        else:
-            own = [matvec.panels(p) if floats and i in _WEIGHTS else p for i, p in enumerate(own)]
-            int8 += [_NO_BIAS] * 10
-        params += own
-    return params, int8
+        laid_out = {}
+        for name, m in zip(PRODUCTS, linears):
+            bias = getattr(own, name).bias
+            if quantized:
+                laid_out[name] = Product(matvec.int8_panels(m._int8) if int8_panels else m._int8, bias, m._scales,
+                                         m._sums)
+            else:
+                laid_out[name] = Product(matvec.panels(m.weight) if floats else m.weight, bias)
+        planned.append(own._replace(**laid_out))
+    return planned
 
 
 def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState | None,
@@ -114,18 +156,18 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
     rows = x.size(0)
     if state.fused is None or (state.fused and state.fused[0] != layout(rows)):  # once per decoding and layout:
         planned = plan(decoder, rows)                                            # the model does not change
-        state.fused = False if planned is None else (layout(rows), *planned)     # while it decodes
+        state.fused = False if planned is None else (layout(rows), for_kernel(planned))  # while it decodes
     if state.fused is False:
         return None
     start = len(caches[0])
     rooms = [cache.room(start + 1) for cache in caches]
     attn = decoder.layers[0].self_attn
     cos, sin = positions.rotary
-    _, params, int8 = state.fused
-    out = matvec._decoder_step(x.reshape(rows, -1), params, int8, [r[0] for r in rooms], [r[1] for r in rooms],
-                               start, cos.contiguous(), sin.contiguous(), attn.h, attn.g,
-                               decoder.layers[0].res_self.norm.eps or torch.finfo(torch.float32).eps,
-                               attn.d_k ** -0.5 if attn.scale is None else attn.scale)
+    _, layers = state.fused
+    out = matvec.KERNELS.decoder_step(x.reshape(rows, -1), layers, [r[0] for r in rooms], [r[1] for r in rooms],
+                                      start, cos.contiguous(), sin.contiguous(), attn.h, attn.g,
+                                      decoder.layers[0].res_self.norm.eps or torch.finfo(torch.float32).eps,
+                                      attn.d_k ** -0.5 if attn.scale is None else attn.scale)
     for cache in caches:
         cache.written(start + 1)
     return out.view_as(x)

@@ -22,7 +22,9 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX512VNNI__) || defined(__AVX2__)
@@ -730,18 +732,31 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
 
 static const float* optional_data(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+// One product of a layer: its weight, float32 as rows (n, k) for up to 5 rows of x or in panels (ceil(n / 16), k, 16)
+// (matvec.py's panels), or int8 (nn/quantize.py) as rows or in int8 panels (ceil(n / 16), ceil(k / 4), 16, 4)
+// (matvec.py's int8_panels); its bias (n), empty where there is none; for an int8 weight its scales (n) float32 and
+// row sums (n) int32, empty for a float32 one.
+// (hidden, as pybind11's own types are: the module's classes stay its own)
+struct __attribute__((visibility("hidden"))) Product {
+  torch::Tensor weight, bias, scales, sums;
+};
 
-torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
-                           const std::vector<torch::Tensor>& int8, const std::vector<torch::Tensor>& keys,
-                           const std::vector<torch::Tensor>& values,
+// One Llama block's parameters, made once per layer for a decoding (nn/fused.py's plan) and read by name: the
+// RMSNorm weight before attention, W^QKV (q heads, then k, then v), W^O, the RMSNorm weight before the feed-forward
+// layer, W1 (gate), W3 (up) and W2 (down) of SwiGLU.
+struct __attribute__((visibility("hidden"))) Layer {
+  torch::Tensor attn_norm;
+  Product qkv, out;
+  torch::Tensor ffn_norm;
+  Product gate, up, down;
+};
+
+torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<std::shared_ptr<Layer>>& layer_list,
+                           const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                            int64_t start, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
                            int64_t kv_heads, double eps, double scale) {
-  // x: (m, d) float32, each row's new token embedded. params: per layer 12 float32 tensors, the biases empty
-  // where there are none: RMSNorm weight, W^QKV (q heads, then k, then v), its bias, W^O, its bias, RMSNorm
-  // weight, W1, b1, W3, b3, W2, b2; the weights as rows (m <= 5) or in panels (m <= 16; matvec.py's panels).
-  // int8: per layer 10 tensors, each of the 5 weights' scales (n) float32 and int32 sums (n), empty for float32
-  // weights; int8 weights (nn/quantize.py: all of them or none) as rows (n, k) for m <= 5 or in int8 panels
-  // (matvec.py's int8_panels), the rows of x quantized before each product as matvec_int8 does.
+  // x: (m, d) float32, each row's new token embedded. layer_list: a Layer per layer (above), every weight float32
+  // or every weight int8 (the rows of x then quantized before each product as matvec_int8 does).
   // keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k) whose first `start` positions hold the
   // cache; the new key and value are written at `start`. cos, sin: (d_k)
   // of the new position. Returns the residual stream after the last layer, (m, d).
@@ -750,26 +765,30 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
               "decoder_step: x (m <= 16, d) float32");
   const int64_t layers = int64_t(keys.size()), m = x.size(0), d = x.size(1), d_k = d / heads;
   const int64_t per = heads / kv_heads, width = (heads + 2 * kv_heads) * d_k, T = start + 1;
-  TORCH_CHECK(layers >= 1 && int64_t(params.size()) == 12 * layers && int64_t(values.size()) == layers &&
+  TORCH_CHECK(layers >= 1 && int64_t(layer_list.size()) == layers && int64_t(values.size()) == layers &&
               heads % kv_heads == 0 && d_k * heads == d && d_k % 16 == 0 && d_k <= 256,
-              "decoder_step: 12 parameters and one key/value buffer per layer, d_k a multiple of 16 up to 256");
+              "decoder_step: one Layer and one key/value buffer per layer, d_k a multiple of 16 up to 256");
   TORCH_CHECK(cos.numel() == d_k && sin.numel() == d_k && cos.is_contiguous() && sin.is_contiguous(),
               "decoder_step: cos and sin (d_k)");
-  TORCH_CHECK(int64_t(int8.size()) == 10 * layers, "decoder_step: 10 int8 scales and sums per layer, empty or not");
-  for (const auto& p : params)
-    TORCH_CHECK((p.scalar_type() == at::kFloat || p.scalar_type() == at::kChar) && p.is_contiguous(),
-                "decoder_step: contiguous float32 (or int8 weight) parameters");
-  const bool quantized = params[1].scalar_type() == at::kChar;  // every weight int8, or none
-  const int64_t d_ff = quantized ? int8[4].numel() : params[10].size(1);  // W1's scales; W2 (d, d_ff) or panels
-  for (int64_t l = 0; l < layers; ++l) {
-    TORCH_CHECK(params[12 * l].numel() == d && params[12 * l + 5].numel() == d && params[12 * l].scalar_type() ==
-                at::kFloat && params[12 * l + 5].scalar_type() == at::kFloat, "decoder_step: RMSNorm weights (d)");
-    for (auto [w, n, k] : {std::array<int64_t, 3>{1, width, d}, {3, d, d}, {6, d_ff, d}, {8, d_ff, d}, {10, d, d_ff}}) {
-      const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];  // W^QKV, W^O, W1, W3, W2
-      const int64_t slot = (w - 1) / 2;  // 0 to 4 for the 5 weights' int8 scales and sums
-      const torch::Tensor &scales = int8[10 * l + 2 * slot], &sums = int8[10 * l + 2 * slot + 1];
-      TORCH_CHECK(B.scalar_type() == at::kFloat && (B.numel() == 0 || B.numel() == n), "decoder_step: each bias (n) "
-                  "float32 or empty");
+  for (const auto& L : layer_list) TORCH_CHECK(L != nullptr, "decoder_step: a Layer per layer, not None");
+  std::vector<const Layer*> P;
+  for (const auto& L : layer_list) P.push_back(L.get());
+  const bool quantized = P[0]->qkv.weight.scalar_type() == at::kChar;  // every weight int8, or none
+  // W1's scales; W2 (d, d_ff) or its panels (ceil(d / 16), d_ff, 16)
+  const int64_t d_ff = quantized ? P[0]->gate.scales.numel() : P[0]->down.weight.size(1);
+  for (const Layer* L : P) {
+    TORCH_CHECK(L->attn_norm.numel() == d && L->ffn_norm.numel() == d && L->attn_norm.scalar_type() == at::kFloat &&
+                L->ffn_norm.scalar_type() == at::kFloat && L->attn_norm.is_contiguous() &&
+                L->ffn_norm.is_contiguous(), "decoder_step: RMSNorm weights (d)");
+    const std::array<std::tuple<const Product*, int64_t, int64_t>, 5> products{
+        {{&L->qkv, width, d}, {&L->out, d, d}, {&L->gate, d_ff, d}, {&L->up, d_ff, d}, {&L->down, d, d_ff}}};
+    for (const auto& [product, n, k] : products) {
+      const torch::Tensor &W = product->weight, &B = product->bias;
+      const torch::Tensor &scales = product->scales, &sums = product->sums;
+      TORCH_CHECK((W.scalar_type() == at::kFloat || W.scalar_type() == at::kChar) && W.is_contiguous(),
+                  "decoder_step: contiguous float32 (or int8) weights");
+      TORCH_CHECK(B.scalar_type() == at::kFloat && B.is_contiguous() && (B.numel() == 0 || B.numel() == n),
+                  "decoder_step: each bias (n) float32 or empty");
       TORCH_CHECK((W.scalar_type() == at::kChar) == quantized, "decoder_step: every weight int8 or none");
       if (!quantized) {
         TORCH_CHECK(((W.dim() == 2 && m <= 5 && W.size(0) == n) || (W.dim() == 3 && W.size(0) == (n + 15) / 16 &&
@@ -809,19 +828,18 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
   // one thread's part of the step, thread t of `team`
   auto part = [&](const int t, const int team) {
     float* own = normed.data() + t * m * d;
-    // this thread's share of A (m, k) times layer l's weight w (of its 12: W^QKV 1, W^O 3, W1 6, W3 8, W2 10),
-    // float32 or int8, as rows or in panels; returns the outputs it wrote, [first, last)
-    auto apply = [&](int64_t l, int w, const float* A, int64_t k, int64_t n, float* Y) {
-      const torch::Tensor &W = params[12 * l + w], &B = params[12 * l + w + 1];
+    // this thread's share of A (m, k) times one of a layer's weights, float32 or int8, as rows or in panels;
+    // returns the outputs it wrote, [first, last)
+    auto apply = [&](const Product& product, const float* A, int64_t k, int64_t n, float* Y) {
+      const torch::Tensor &W = product.weight, &B = product.bias;
       const int64_t units = W.size(0), block = W.dim() == 2 ? 16 : 1, per_unit = W.dim() == 2 ? 1 : 16;
       const int64_t each = ((units + block - 1) / block + team - 1) / team * block;
       const int64_t begin = std::min(units, t * each), end = std::min(units, (t + 1) * each);
       if (!quantized) {
         product_range(A, m, k, W, n, optional_data(B), Y, begin, end);
       } else {
-        const int slot = (w - 1) / 2;  // 0 to 4
-        const float* scales = int8[10 * l + 2 * slot].data_ptr<float>();
-        const int32_t* sums = int8[10 * l + 2 * slot + 1].data_ptr<int32_t>();
+        const float* scales = product.scales.data_ptr<float>();
+        const int32_t* sums = product.sums.data_ptr<int32_t>();
         const Quantized q = quantize_rows(A, m, k, W.dim() == 4 ? 4 * W.size(1) : k);
 #ifdef INT8_PANELS
         if (W.dim() == 4) int8_panel_range(q, m, W, n, scales, sums, optional_data(B), Y, begin, end);
@@ -837,11 +855,11 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
         for (int64_t i = outputs.first; i < outputs.second; ++i) X[r * d + i] += sublayer[r * d + i];
     };
     for (int64_t l = 0; l < layers; ++l) {
-      const torch::Tensor* p = params.data() + 12 * l;
+      const Layer& L = *P[l];
       float *K = keys[l].data_ptr<float>(), *V = values[l].data_ptr<float>();
       const int64_t capacity = keys[l].size(2);
-      rms_rows(X, m, d, p[0].data_ptr<float>(), float(eps), own);
-      apply(l, 1, own, d, width, qkv.data());
+      rms_rows(X, m, d, L.attn_norm.data_ptr<float>(), float(eps), own);
+      apply(L.qkv, own, d, width, qkv.data());
 #pragma omp barrier
 #pragma omp single
       for (int64_t r = 0; r < m; ++r) {
@@ -862,16 +880,16 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
         float* o = attended.data() + r * d + j * per * d_k;
         attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data() + t * per * T, o);
       }
-      add(apply(l, 3, attended.data(), d, d, sublayer.data()));
+      add(apply(L.out, attended.data(), d, d, sublayer.data()));
 #pragma omp barrier
-      rms_rows(X, m, d, p[5].data_ptr<float>(), float(eps), own);
-      const auto [first, last] = apply(l, 6, own, d, d_ff, gate.data());
-      apply(l, 8, own, d, d_ff, up.data());  // the same share of W3's rows: the same outputs
+      rms_rows(X, m, d, L.ffn_norm.data_ptr<float>(), float(eps), own);
+      const auto [first, last] = apply(L.gate, own, d, d_ff, gate.data());
+      apply(L.up, own, d, d_ff, up.data());  // the same share of W3's rows: the same outputs
       for (int64_t r = 0; r < m; ++r)
         for (int64_t i = r * d_ff + first; i < r * d_ff + last; ++i)
           gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];  // SiLU(W1 h) ⊙ W3 h
 #pragma omp barrier
-      add(apply(l, 10, gate.data(), d_ff, d, sublayer.data()));
+      add(apply(L.down, gate.data(), d_ff, d, sublayer.data()));
 #pragma omp barrier
     }
   };
@@ -889,6 +907,24 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("attend_one", &attend_one, "attention of one query per head over a cache");
+  pybind11::class_<Product>(module, "Product", "one product of a layer: weight, bias, int8 scales and sums")
+      .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(), pybind11::arg("weight"),
+           pybind11::arg("bias"), pybind11::arg("scales"), pybind11::arg("sums"))
+      .def_readonly("weight", &Product::weight)
+      .def_readonly("bias", &Product::bias)
+      .def_readonly("scales", &Product::scales)
+      .def_readonly("sums", &Product::sums);
+  pybind11::class_<Layer, std::shared_ptr<Layer>>(module, "Layer", "one Llama block's parameters for decoder_step")
+      .def(pybind11::init<torch::Tensor, Product, Product, torch::Tensor, Product, Product, Product>(),
+           pybind11::arg("attn_norm"), pybind11::arg("qkv"), pybind11::arg("out"), pybind11::arg("ffn_norm"),
+           pybind11::arg("gate"), pybind11::arg("up"), pybind11::arg("down"))
+      .def_readonly("attn_norm", &Layer::attn_norm)
+      .def_readonly("qkv", &Layer::qkv)
+      .def_readonly("out", &Layer::out)
+      .def_readonly("ffn_norm", &Layer::ffn_norm)
+      .def_readonly("gate", &Layer::gate)
+      .def_readonly("up", &Layer::up)
+      .def_readonly("down", &Layer::down);
   module.def("decoder_step", &decoder_step, "a generation step of a Llama-style decoder through all its layers");
   module.def("matvec", &matvec, "x W^T + b for a few rows x");
   module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row");

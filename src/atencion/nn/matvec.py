@@ -11,12 +11,20 @@ copy of the weight laid out in panels of 16 rows (``panels``: made on first use,
 weight in memory), asking for the weights 2 KB ahead of use: 1.6× ``F.linear``'s GFLOP/s at 16 rows
 (``python benchmarks/matvec.py --rows 16``).
 
-The kernels are compiled by ``torch.utils.cpp_extension`` on first use (about a minute, once; cached
-under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) and used only where they apply: float32
-on the CPU, at most ``PANEL_ROWS`` rows, nothing to differentiate, not while tracing or exporting.
-Everything else, and every machine where they do not compile (one warning says why), goes to
-``F.linear``; so does everything with ``ATENCION_MATVEC=0`` in the environment. Both sum the same
-products in different orders: outputs agree to float32 rounding.
+The kernels are compiled by ``torch.utils.cpp_extension`` on first use (about a minute, once per CPU;
+under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR, in a folder named after a hash of this CPU's
+model name and flags, ``build_name``: a home shared by machines of different CPUs never loads one's build
+on the other), or by ``atencion kernels build``. A build made before is imported without ninja or a
+compiler. Where none is built and ninja or a compiler is missing, one warning line says which and that
+``F.linear`` is used. They are used only where they apply (float32 on the CPU, at most ``PANEL_ROWS``
+rows, nothing to differentiate, not while tracing, compiling or exporting) and where they are faster:
+the first time a weight's shape meets a number of rows (and of threads) the kernel and ``F.linear`` are
+timed on it (``measure``: medians of a few passes over copies of the weight larger than the caches, a
+fraction of a second), and the faster is used from then on, by this process and the later ones (the
+record, kernels.json, lies beside the build; ``atencion kernels status`` shows it). ``ATENCION_MATVEC=1``
+uses the kernels wherever they apply, unmeasured; ``ATENCION_MATVEC=0`` never. Both sum the same
+products in different orders: outputs agree to float32 rounding. The loaded functions, the record and
+the lock are held by one ``Kernels`` object, ``KERNELS``.
 
 The int8 twins (``int8_linear``, for nn/quantize.py's layers, up to ``PANEL_ROWS`` rows) compute what
 PyTorch's dynamic int8 linear computes, in the same int32 sums: on VNNI panels of the int8 weight
@@ -33,92 +41,357 @@ are. The int8 products use VNNI's ``vpdpbusd`` where the CPU has it and AVX2's `
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import logging
 import os
+import platform
 import shlex
+import shutil
+import statistics
+import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 5  # a beam of 5: still 1.4× F.linear (benchmarks/matvec.py --rows 5); at 8 rows no faster than it
-_compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3
-_lock = threading.Lock()
-_kernel = None
-_kernel_int8 = None
-_rms_norm = None
-_rotate = None
-_panels_kernel = None  # matmul_panels, where the kernel was compiled with AVX-512 or AVX2
-_int8_panels_kernel = None  # matmul_int8_panels, with AVX-512 VNNI or AVX2
-_int8_panels_from = 1  # the fewest rows it takes: where the panels beat the dot products (VNNI 1, AVX2 3)
-_attend_one = None  # attend_one, with AVX-512 or AVX2
-_decoder_step = None  # decoder_step (nn/fused.py), with AVX-512 or AVX2
-_tried = False
 PANEL_ROWS = 16  # 6-16 rows: matmul_panels on a copy of the weight in panels (benchmarks/matvec.py --rows 16)
 SMALL_ROWS = 64  # rms_norm's and rotate_'s kernels (one thread): a decoding step's rows; more go to PyTorch
 SOURCE = Path(__file__).with_suffix(".cpp")  # the kernels' C++, compiled on first use
+NAME = "atencion_matvec"
+RECORD = "kernels.json"  # beside the build: what it was built from, for which CPU, and the measured choices
+COLD_BYTES = 64 << 20  # measure's copies of a weight add up to this (more than a CPU's caches), 32 copies at most
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """What a build is for: the CPU's model name and its instruction-set flags (/proc/cpuinfo)."""
+
+    model: str
+    flags: tuple[str, ...]  # sorted
+
+    @classmethod
+    def parse(cls, cpuinfo: str) -> Cpu:
+        """The first processor's "model name" and "flags" ("Features" on ARM) of a /proc/cpuinfo text."""
+        fields: dict[str, str] = {}
+        for line in cpuinfo.splitlines():
+            if not line.strip():
+                if fields:
+                    break
+                continue
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip().lower(), value.strip())
+        flags = fields.get("flags") or fields.get("features") or ""
+        return cls(fields.get("model name") or fields.get("cpu model") or platform.processor() or platform.machine(),
+                   tuple(sorted(set(flags.split()))))
+
+    @classmethod
+    def here(cls) -> Cpu:
+        try:
+            return cls.parse(Path("/proc/cpuinfo").read_text(errors="replace"))
+        except OSError:  # not Linux: the processor's name, which on most systems names its family
+            return cls(platform.processor() or platform.machine(), ())
+
+    @property
+    def vectors(self) -> str:
+        """The instruction sets the kernels choose among, as this CPU has them."""
+        have = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni") if f in self.flags]
+        return " ".join(have) or "none of avx2, avx512f"
+
+
+def build_name(cpu: Cpu, cflags: tuple[str, ...] | list[str] = ()) -> str:
+    """The extension's name and build folder for ``cpu`` (and extra compiler flags): a short hash of its
+    model name, flags and architecture, so that a build for one CPU is never loaded on another."""
+    key = "\n".join([platform.machine(), cpu.model, " ".join(cpu.flags), " ".join(cflags)])
+    return f"{NAME}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def missing_tools() -> list[str]:
+    """What compiling the kernels needs and this machine lacks (a C++ compiler, ninja), in words."""
+    missing = []
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        missing.append(f"no C++ compiler ({compiler} is not on PATH; set CXX)")
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # noqa: F401  (the pip package puts its binary beside the interpreter)
+            found = shutil.which("ninja", path=str(Path(sys.executable).parent))
+        except ImportError:
+            found = None
+        if found is None:
+            missing.append("no ninja (pip install ninja)")
+    return missing
+
+
+def _source_digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
+@dataclass
+class Kernels:
+    """The compiled kernels of this CPU, loaded once (``load``), and the record of where each is faster
+    than ``F.linear``. ``root``: where builds go (default $TORCH_EXTENSIONS_DIR or torch's); ``cpu``:
+    the CPU they are for (default this one's). The functions are None until loaded, and where they do not
+    apply (``matmul_panels``, ``attend_one``, ``decoder_step`` need AVX-512 or AVX2; the int8 panels VNNI
+    or AVX2)."""
+
+    root: Path | None = None
+    cpu: Cpu | None = None
+    policy: str | None = None  # "measured", "always" (ATENCION_MATVEC=1) or "off" (0); read at load
+    tried: bool = False
+    reason: str = ""  # why nothing was loaded, in words
+    module: object = None
+    matvec: object = None
+    matvec_int8: object = None
+    rms_norm: object = None
+    rotate: object = None
+    matmul_panels: object = None  # where compiled with AVX-512 or AVX2
+    matmul_int8_panels: object = None  # with AVX-512 VNNI or AVX2
+    int8_panels_from: int = 1  # the fewest rows the int8 panels take: where they beat the dot products (VNNI 1, AVX2 3)
+    attend_one: object = None
+    decoder_step: object = None
+    choices: dict = field(default_factory=dict)  # (n, k, rows, threads) → True where the kernel won
+    timings: dict = field(default_factory=dict)  # (n, k, rows, threads) → (kernel's s, F.linear's s)
+    steps: int = 0  # optimizer steps since panels were first made (fused Adam does not bump _version)
+    counting: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def for_cpu(self) -> Cpu:
+        if self.cpu is None:  # read when first asked, not at import
+            self.cpu = Cpu.here()
+        return self.cpu
+
+    @property
+    def build_root(self) -> Path:
+        if self.root is None:
+            from torch.utils.cpp_extension import get_default_build_root
+
+            self.root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+        return Path(self.root)
+
+    @property
+    def cflags(self) -> list[str]:
+        # ATENCION_MATVEC_CFLAGS: more compiler flags (tests/test_matvec.py builds the AVX-512 branches so)
+        return ["-O3", "-march=native", "-fopenmp", *shlex.split(os.environ.get("ATENCION_MATVEC_CFLAGS", ""))]
+
+    @property
+    def name(self) -> str:
+        return build_name(self.for_cpu, self.cflags[3:])
+
+    @property
+    def directory(self) -> Path:
+        return self.build_root / self.name
+
+    def stamp(self) -> dict:
+        """What a build is made from: the same stamp, the same library."""
+        return {"source": _source_digest(), "cflags": self.cflags, "torch": torch.__version__,
+                "python": sys.implementation.cache_tag}
+
+    def record(self) -> dict:
+        """kernels.json of this CPU's build, or {}."""
+        try:
+            return json.loads((self.directory / RECORD).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def built(self) -> bool:
+        """A library for this CPU, from this source and flags, is there to import."""
+        return (self.directory / f"{self.name}.so").is_file() and self.record().get("build") == self.stamp()
+
+    def load(self, build: bool = True) -> object:
+        """Load (once; compiling where ``build`` and nothing is built) and return ``matvec``, or None."""
+        if self.tried:
+            return self.matvec
+        with self.lock:
+            if not self.tried:
+                self._load(build)
+                self.tried = build or self.matvec is not None
+        return self.matvec
+
+    def _load(self, build: bool) -> None:
+        setting = os.environ.get("ATENCION_MATVEC", "auto")
+        self.policy = self.policy or {"0": "off", "1": "always"}.get(setting, "measured")
+        if self.policy == "off":
+            self.reason = "switched off (ATENCION_MATVEC=0)"
+            return
+        try:
+            if self.built():
+                module = self._import()
+            elif not build:
+                self.reason = "not built for this CPU"
+                return
+            elif missing := missing_tools():
+                self.reason = " and ".join(missing)
+                log.warning("atencion's decoding kernels are not built for this CPU and cannot be: %s; decoding "
+                            "on the CPU uses F.linear", self.reason)
+                return
+            else:
+                module = self._compile()
+        except Exception as err:  # a compiler error, another platform: F.linear, said once
+            self.reason = (str(err).strip().splitlines() or [repr(err)])[0]
+            log.warning("atencion's decoding kernels did not compile (%s); decoding on the CPU uses F.linear. "
+                        "ATENCION_MATVEC=0 skips the attempt.", self.reason)
+            return
+        self.module = module
+        self.matvec, self.matvec_int8, self.rms_norm, self.rotate = (module.matvec, module.matvec_int8,
+                                                                     module.rms_norm, module.rotate_)
+        self.matmul_panels = module.matmul_panels if module.simd else None
+        self.attend_one = module.attend_one if module.simd else None
+        self.decoder_step = module.decoder_step if module.simd else None
+        self.matmul_int8_panels = module.matmul_int8_panels if module.int8_panels_from else None
+        self.int8_panels_from = module.int8_panels_from
+        self._read_choices()
+
+    def _import(self):
+        spec = importlib.util.spec_from_file_location(self.name, self.directory / f"{self.name}.so")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def _compile(self):
+        from torch.utils.cpp_extension import load
+
+        log.warning("compiling atencion's decoding kernels for this CPU (once, about a minute; "
+                    "ATENCION_MATVEC=0 skips it)")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        module = load(self.name, [str(SOURCE)], extra_cflags=self.cflags, extra_ldflags=["-fopenmp"],
+                      build_directory=str(self.directory))
+        self._write({"cpu": {"model": self.for_cpu.model, "flags": " ".join(self.for_cpu.flags)}, "build": self.stamp(),
+                     "choices": {}})
+        return module
+
+    def _write(self, record: dict) -> None:
+        """kernels.json written whole (another name, then renamed): a reader never sees half of it."""
+        path = self.directory / RECORD
+        try:
+            temporary = path.with_name(f".{RECORD}.{os.getpid()}.{threading.get_ident()}")
+            temporary.write_text(json.dumps(record, indent=1))
+            os.replace(temporary, path)
+        except OSError as err:  # a read-only cache: the choices last this process
+            log.info("could not write %s (%s)", path, err)
+
+    def _read_choices(self) -> None:
+        for key, entry in self.record().get("choices", {}).items():
+            try:
+                n, k, rows, threads = (int(v) for v in key.split(","))
+                self.choices[n, k, rows, threads] = entry["use"] == "kernel"
+                self.timings[n, k, rows, threads] = (entry["kernel_s"], entry["linear_s"])
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def wins(self, n: int, k: int, rows: int) -> bool:
+        """Whether the kernel multiplies ``rows`` rows by an (n, k) weight faster than ``F.linear`` here,
+        at torch's number of threads: measured the first time (``measure``) and recorded."""
+        if self.policy != "measured":
+            return True
+        won = self.choices.get((n, k, rows, torch.get_num_threads()))
+        return self.measure(n, k, rows) if won is None else won
+
+    def measure(self, n: int, k: int, rows: int, again: bool = False) -> bool:
+        """Time the kernel and ``F.linear`` (``time_products``), record which is faster, and return
+        whether the kernel is. ``again``: measure even where a choice is recorded."""
+        threads = torch.get_num_threads()
+        with self.lock:
+            if not again and (n, k, rows, threads) in self.choices:
+                return self.choices[n, k, rows, threads]
+            ours, theirs = time_products(self, n, k, rows)
+            won = ours < theirs
+            self.choices[n, k, rows, threads], self.timings[n, k, rows, threads] = won, (ours, theirs)
+            log.info("decoding kernel for %d rows × (%d, %d), %d threads: %.1f µs, F.linear %.1f µs: %s", rows, n, k,
+                     threads, ours * 1e6, theirs * 1e6, "the kernel" if won else "F.linear")
+            record = self.record()
+            if record.get("build") == self.stamp():
+                record.setdefault("choices", {})[f"{n},{k},{rows},{threads}"] = {
+                    "use": "kernel" if won else "linear", "kernel_s": ours, "linear_s": theirs}
+                self._write(record)
+            return won
+
+    def count_steps(self) -> None:
+        """Count optimizer steps from now on (``panels``' copies follow them): registered when the first
+        panels are made, not at import, since only a weight with panels needs it."""
+        with self.lock:
+            if not self.counting:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                register_optimizer_step_post_hook(self._count_step)
+                self.counting = True
+
+    def _count_step(self, optimizer, args, kwargs) -> None:
+        self.steps += 1
+
+
+def time_products(kernels: Kernels, n: int, k: int, rows: int, repeats: int = 5) -> tuple[float, float]:
+    """The median seconds of ``rows`` rows times an (n, k) weight by the kernel (dot products up to
+    ``MAX_ROWS`` rows, panels past) and by ``F.linear``: each of ``repeats`` rounds runs both over copies of
+    the weight adding up to ``COLD_BYTES`` (as decoding reads its weights: from memory, not from a cache),
+    at least a millisecond's worth of products."""
+    generator = torch.Generator().manual_seed(n * 31 + k)
+    with torch.inference_mode():
+        weight = torch.randn(n, k, generator=generator)
+        copies = [weight] + [weight.clone() for _ in range(min(31, COLD_BYTES // (4 * n * k) - 1))]
+        x = torch.randn(rows, k, generator=generator)
+        if rows <= MAX_ROWS:
+            ours, items = (lambda w: kernels.matvec(x, w, None)), copies
+        else:
+            ours, items = (lambda p: kernels.matmul_panels(x, p, n, None)), [panels(w) for w in copies]
+
+        def seconds(product, over, times=1) -> float:
+            start = time.perf_counter()
+            for _ in range(times):
+                for item in over:
+                    product(item)
+            return (time.perf_counter() - start) / (times * len(over))
+
+        def theirs(w: Tensor) -> Tensor:
+            return F.linear(x, w)
+
+        once = max(seconds(ours, items), seconds(theirs, copies), 1e-7)  # (the first calls: warming up)
+        times = max(1, int(1e-3 / (once * len(items))))
+        mine, yours = [], []
+        for _ in range(repeats):  # interleaved: a slower moment of the machine slows both
+            mine.append(seconds(ours, items, times))
+            yours.append(seconds(theirs, copies, times))
+    return statistics.median(mine), statistics.median(yours)
+
+
+KERNELS = Kernels()  # this process's kernels (its CPU and build folder read when first loaded)
 
 
 def kernel():
-    """The compiled ``matvec`` function, or None where it is switched off or does not compile."""
-    global _kernel, _kernel_int8, _rms_norm, _rotate, _panels_kernel, _int8_panels_kernel, _int8_panels_from, \
-        _attend_one, _decoder_step, _tried
-    if _tried:
-        return _kernel
-    with _lock:
-        if _tried:
-            return _kernel
-        if os.environ.get("ATENCION_MATVEC", "1") != "0":
-            try:
-                from torch.utils.cpp_extension import get_default_build_root, load
-
-                root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-                built = any(any(root.glob(pattern)) for pattern in  # the default root gets a py311_cpu-like folder
-                            ("atencion_matvec/atencion_matvec.so", "*/atencion_matvec/atencion_matvec.so"))
-                (log.info if built else log.warning)(
-                    "%s atencion's matrix-vector kernel for decoding on the CPU%s", "loading" if built else "compiling",
-                    "" if built else " (once, about a minute; ATENCION_MATVEC=0 skips it)")
-                # ATENCION_MATVEC_CFLAGS: more compiler flags (tests/test_matvec.py builds the AVX-512 branches so)
-                flags = ["-O3", "-march=native", "-fopenmp", *shlex.split(os.environ.get("ATENCION_MATVEC_CFLAGS", ""))]
-                module = load("atencion_matvec", [str(SOURCE)],
-                              extra_cflags=flags, extra_ldflags=["-fopenmp"])
-                _kernel, _kernel_int8, _rms_norm, _rotate = module.matvec, module.matvec_int8, module.rms_norm, \
-                    module.rotate_
-                _panels_kernel = module.matmul_panels if module.simd else None
-                _attend_one = module.attend_one if module.simd else None
-                _decoder_step = module.decoder_step if module.simd else None
-                _int8_panels_kernel = module.matmul_int8_panels if module.int8_panels_from else None
-                _int8_panels_from = module.int8_panels_from
-            except Exception as err:  # no compiler, no ninja, another platform: F.linear, said once
-                log.warning("atencion's matrix-vector kernel did not compile (%s); decoding on the CPU uses "
-                            "F.linear. ATENCION_MATVEC=0 skips the attempt.", (str(err).splitlines() or [repr(err)])[0])
-        _tried = True
-    return _kernel
+    """The compiled ``matvec`` function (loading, or compiling, the kernels the first time), or None
+    where they are switched off or cannot be built."""
+    return KERNELS.matvec if KERNELS.tried else KERNELS.load()
 
 
-def _onnx_exporting():
-    """``torch.onnx.is_in_onnx_export`` without the two imports it makes at every call (``eager`` is
-    asked before every kernel, a dozen times a layer): its two flags read directly, or, in a PyTorch
-    that keeps them elsewhere, the function itself."""
-    try:
-        from torch.onnx._internal.exporter import _flags
-        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
-    except ImportError:
-        return torch.onnx.is_in_onnx_export
-    return lambda: GLOBALS.in_onnx_export or _flags._is_onnx_exporting
+def __getattr__(name: str):
+    """The names of the module globals the kernels were once (``_kernel``, ``_panels_kernel``, …): read
+    from ``KERNELS``, for scripts that still read them (benchmarks/matvec.py)."""
+    old = {"_kernel": "matvec", "_kernel_int8": "matvec_int8", "_rms_norm": "rms_norm", "_rotate": "rotate",
+           "_panels_kernel": "matmul_panels", "_int8_panels_kernel": "matmul_int8_panels",
+           "_int8_panels_from": "int8_panels_from", "_attend_one": "attend_one", "_decoder_step": "decoder_step"}
+    if name in old:
+        return getattr(KERNELS, old[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_exporting = _onnx_exporting()
+_tracing = torch.jit.is_tracing
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch >= 2.3: torch.compile and torch.export
+_exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.export (ONNX's exporter runs it)
 
 
 def eager() -> bool:
-    """Not tracing, compiling or exporting: the kernels (and nn/cache.py's buffers) stay out of graphs."""
-    return not (torch.jit.is_tracing() or _compiling() or _exporting())
+    """Not tracing, compiling or exporting: the kernels (and nn/cache.py's buffers) stay out of graphs.
+    (ONNX export goes through torch.export, or, in its TorchScript form, through torch.jit's tracer.)"""
+    return not (_tracing() or _compiling() or _exporting())
 
 
 def _few_rows(x: Tensor, most: int = MAX_ROWS) -> bool:
@@ -139,35 +412,28 @@ def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     return _few_rows(x, PANEL_ROWS) and _inference(*tensors) and weight.is_contiguous()
 
 
-_steps = 0  # optimizer steps taken in this process: fused Adam changes weights without bumping their _version
-
-
-def _count_step(optimizer, args, kwargs) -> None:
-    global _steps
-    _steps += 1
-
-
-register_optimizer_step_post_hook(_count_step)
-
-
 def panels(weight: Tensor) -> Tensor:
     """``weight`` (n, k) in panels of 16 rows stored column by column, (ceil(n / 16), k, 16), zero
     rows padding the last: the layout of ``matmul_panels``. Made on first use and kept on the
     weight (a second copy of it: memory for speed, and only where 6-16 rows are multiplied); made
     again when the weight changes: its version, or any optimizer's step since (fused Adam writes
-    weights without bumping their version)."""
+    weights without bumping their version; the step counter, ``Kernels.count_steps``, starts with the
+    first panels made: a step before them changes nothing they copied)."""
+    kernels = KERNELS
+    if not kernels.counting:
+        kernels.count_steps()
     try:
         version = weight._version
     except RuntimeError:  # an inference tensor keeps no version: the one made first stays
         version = None
     kept = getattr(weight, "_atencion_panels", None)
-    if kept is not None and kept[0] == (version, _steps) and kept[1] == weight.data_ptr():
+    if kept is not None and kept[0] == (version, kernels.steps) and kept[1] == weight.data_ptr():
         return kept[2]
     n, k = weight.shape
     padded = weight.new_zeros(-(-n // 16) * 16, k)
     padded[:n] = weight
     made = padded.view(-1, 16, k).transpose(1, 2).contiguous()
-    weight._atencion_panels = ((version, _steps), weight.data_ptr(), made)
+    weight._atencion_panels = ((version, kernels.steps), weight.data_ptr(), made)
     return made
 
 
@@ -186,12 +452,16 @@ def _panels_of(weight: Tensor) -> Tensor | None:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel."""
+    """``F.linear(x, weight, bias)``; a few float32 rows on the CPU go through the kernel where it
+    is faster for the weight's shape (``Kernels.wins``)."""
     if _applies(x, weight, bias) and kernel() is not None:  # (the kernels take x (..., k) and give (..., n))
-        if x.numel() <= MAX_ROWS * x.size(-1):
-            return _kernel(x, weight, bias)
-        if _panels_kernel is not None and (laid_out := _panels_of(weight)) is not None:
-            return _panels_kernel(x, laid_out, weight.size(0), bias)
+        kernels, rows = KERNELS, x.numel() // x.size(-1)
+        if rows <= MAX_ROWS:
+            if kernels.wins(weight.size(0), weight.size(1), rows):
+                return kernels.matvec(x, weight, bias)
+        elif (kernels.matmul_panels is not None and kernels.wins(weight.size(0), weight.size(1), rows)
+              and (laid_out := _panels_of(weight)) is not None):
+            return kernels.matmul_panels(x, laid_out, weight.size(0), bias)
     return F.linear(x, weight, bias)
 
 
@@ -203,11 +473,11 @@ def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, sums: Tensor, bias: T
     the caller then runs PyTorch's ``linear_dynamic``."""
     if not (_few_rows(x, PANEL_ROWS) and kernel() is not None):
         return None
-    rows = x.numel() // x.size(-1)
-    if _int8_panels_kernel is not None and rows >= _int8_panels_from:  # no sums across a vector
-        return _int8_panels_kernel(x, int8_panels(weight), weight.size(0), scales, sums, bias)
-    if rows <= MAX_ROWS and _kernel_int8 is not None:
-        return _kernel_int8(x, weight, scales, sums, bias)
+    kernels, rows = KERNELS, x.numel() // x.size(-1)
+    if kernels.matmul_int8_panels is not None and rows >= kernels.int8_panels_from:  # no sums across a vector
+        return kernels.matmul_int8_panels(x, int8_panels(weight), weight.size(0), scales, sums, bias)
+    if rows <= MAX_ROWS and kernels.matvec_int8 is not None:
+        return kernels.matvec_int8(x, weight, scales, sums, bias)
     return None
 
 
@@ -238,9 +508,9 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         if (_few_rows(x, SMALL_ROWS) and x.is_contiguous() and _inference(x, self.weight)
-                and kernel() is not None and _rms_norm is not None):
+                and kernel() is not None and KERNELS.rms_norm is not None):
             eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
-            return _rms_norm(x, self.weight, eps)
+            return KERNELS.rms_norm(x, self.weight, eps)
         return super().forward(x)
 
 
@@ -251,8 +521,8 @@ def rotate_(projected: Tensor, heads: int, d_k: int, cos: Tensor, sin: Tensor) -
     then turns its queries and keys with PyTorch)."""
     if (projected.dim() == 3 and _few_rows(projected, SMALL_ROWS) and projected.is_contiguous()
             and _inference(projected, cos, sin) and cos.shape == sin.shape == (projected.size(1), d_k)
-            and cos.is_contiguous() and sin.is_contiguous() and kernel() is not None and _rotate is not None):
-        _rotate(projected, heads, d_k, cos, sin)
+            and cos.is_contiguous() and sin.is_contiguous() and kernel() is not None and KERNELS.rotate is not None):
+        KERNELS.rotate(projected, heads, d_k, cos, sin)
         return True
     return False
 
@@ -265,7 +535,32 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor |
     if (q.dim() == 4 and q.size(2) == 1 and k.dim() == 4 and k.size(2) > 0 and q.size(1) % k.size(1) == 0
             and _few_rows(q, SMALL_ROWS * q.size(1))  # at most SMALL_ROWS rows of h queries
             and _inference(q, k, v) and kernel() is not None
-            and _attend_one is not None and q.stride(3) == k.stride(3) == v.stride(3) == 1
+            and KERNELS.attend_one is not None and q.stride(3) == k.stride(3) == v.stride(3) == 1
             and q.size(3) % 16 == 0 and q.size(3) <= 256):
-        return _attend_one(q, k, v, q.size(3) ** -0.5 if scale is None else scale)
+        return KERNELS.attend_one(q, k, v, q.size(3) ** -0.5 if scale is None else scale)
     return None
+
+
+def shapes_of(model: nn.Module) -> list[tuple[int, int]]:
+    """The (n, k) shapes of ``model``'s float32 CPU products that ``linear`` may take: its linear layers'
+    weights, and its embeddings' (a tied output layer multiplies by them)."""
+    shapes = set()
+    for m in model.modules():
+        weight = getattr(m, "weight", None)
+        if ((isinstance(m, (nn.Linear, nn.Embedding)) or type(m).__name__.endswith("Embedding"))
+                and isinstance(weight, Tensor) and weight.dim() == 2
+                and weight.dtype is torch.float32 and weight.device.type == "cpu"):
+            shapes.add(tuple(weight.shape))
+    return sorted(shapes)
+
+
+def warm(model: nn.Module, rows: tuple[int, ...] = (1,)) -> list[tuple[int, int, int, bool]]:
+    """Load the kernels (compiling them, once per CPU) and make the choice between them and ``F.linear``
+    for every shape of ``model`` (``shapes_of``) at each number of ``rows``, as its first decoding step
+    would (measured where not recorded): (n, k, rows, the kernel's?) for each. The server calls it before it
+    listens, so that no request pays for either."""
+    if kernel() is None:
+        return []
+    kernels = KERNELS
+    return [(n, k, r, kernels.wins(n, k, r)) for r in rows for n, k in shapes_of(model)
+            if r <= MAX_ROWS or kernels.matmul_panels is not None]

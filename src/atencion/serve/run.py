@@ -44,7 +44,23 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
     loaded = load_models(models, device)
     if draft is not None:
         attach_draft(loaded, draft, draft_tokens, device)
+    warm_kernels(loaded)
     serve(loaded, host, port, settings)
+
+
+def warm_kernels(models: list[LoadedModel]) -> None:
+    """Build (once per CPU) and load the decoding kernels, and measure them against F.linear at the shapes of
+    every served model (and draft) that decodes on the CPU in float32 (nn/matvec.py ``warm``), before the
+    server listens: the first request pays for neither. Where they cannot be built, one warning line says why."""
+    import torch
+
+    from ..nn import matvec
+
+    for m in models:
+        for model in (m.model, m.draft.model if m.draft is not None else None):
+            first = next(model.parameters(), None) if model is not None else None
+            if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
+                matvec.warm(model)
 
 
 def api_key(given: str | None) -> str | None:
