@@ -1,8 +1,9 @@
 """CLIP (task contrastive, nn/towers.py): the symmetric InfoNCE loss equals a hand computation
 and Hugging Face's ``clip_loss`` and is symmetric; the temperature is learned and clipped at 100;
 a towers directory saves and loads (the same outputs) and a broken towers.json is one line; a short
-run on tiny towers lowers the loss; `atencion evaluate` prints zero-shot accuracy and Recall@1
-both ways beside chance; bad input is one line, exit 2."""
+run on tiny towers (in the trainer's loop) lowers the loss, resumes exactly and trains alike with
+activation checkpointing; `atencion evaluate` prints zero-shot accuracy and Recall@1 both ways
+beside chance; bad input is one line, exit 2. Under torchrun: tests/test_contrastive_torchrun.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from atencion.cli import main
 from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model, load_model_dir, load_towers, save_towers
 from atencion.nn.towers import LOG_SCALE_MAX, Towers, info_nce
-from atencion.tasks.contrastive import recall_at_1, retrieval_chance
+from atencion.tasks.contrastive import global_info_nce, recall_at_1, retrieval_chance
 from conftest import run_cli as run
 
 PATCHES = {"kind": "patches", "patch": 2, "size": [4, 4], "channels": 1}
@@ -70,6 +71,19 @@ def test_the_loss_equals_hugging_faces_clip_model_loss_on_the_same_embeddings_an
     torch.testing.assert_close(ours, out.loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(model.logits(out.image_embeds, out.text_embeds), out.logits_per_image,
                                rtol=1e-6, atol=1e-6)
+
+
+def test_the_global_loss_of_one_process_is_its_batch_loss_summed_over_pairs_with_the_same_gradients():
+    torch.manual_seed(0)
+    first, second = (torch.nn.functional.normalize(torch.randn(5, 4), dim=-1).requires_grad_() for _ in range(2))
+    scale = torch.tensor([3.0], requires_grad=True)
+    loss = global_info_nce(first, second, scale)  # no process group: this process's batch is the global one
+    expected = 5 * info_nce(scale * first @ second.t())
+    torch.testing.assert_close(loss, expected)
+    got = torch.autograd.grad(loss, (first, second, scale))
+    for mine, theirs in zip(got, torch.autograd.grad(expected, (first, second, scale))):
+        torch.testing.assert_close(mine, theirs)
+    assert all(float(g.abs().sum()) > 0 for g in got)
 
 
 def test_the_temperature_is_learned_and_clipped_at_one_hundred():
@@ -197,6 +211,9 @@ def test_a_short_run_lowers_the_loss_and_writes_the_towers(trained):
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 60
     assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])
+    temperatures = [r["temperature"] for r in records if "loss" in r]  # 1 / exp(t), t clipped after each update
+    assert temperatures[0] == pytest.approx(0.07, abs=2e-3) and all(0.01 <= x <= 1 for x in temperatures)
+    assert any(r.get("valid_zero_shot_accuracy") is not None for r in records)
     assert (trained / "best" / "towers.json").is_file() and (trained / "last" / "image" / "config.json").is_file()
     assert json.loads((trained / "best" / "towers.json").read_text())["towers"] == ["image", "audio"]
 
@@ -212,6 +229,27 @@ def test_a_resumed_run_repeats_the_unbroken_one(trained, data, tmp_path, capsys)
     losses = [json.loads(line).get("loss") for line in (out / "log.jsonl").read_text().splitlines()]
     assert [x for x in losses if x is not None] == \
         [json.loads(line)["loss"] for line in (trained / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+
+
+def test_activation_checkpointing_trains_the_towers_as_without_it(data, tmp_path, monkeypatch, capsys):
+    import atencion.nn.layers as layers
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    real = layers.checkpoint
+    monkeypatch.setattr(layers, "checkpoint", counted)
+    for on in (False, True):
+        assert main(["train", str(data / "clip.yaml"), "--out", str(tmp_path / str(on)), "--set", "train.max_steps=3",
+                     "--set", f"train.activation_checkpointing={str(on).lower()}"]) in (0, None)
+        assert bool(calls) == on  # each tower's blocks computed again in backward
+    capsys.readouterr()
+    plain, recomputed = load_towers(tmp_path / "False" / "last"), load_towers(tmp_path / "True" / "last")
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(recomputed.get_parameter(name), param, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_evaluate_prints_zero_shot_accuracy_and_recall_both_ways_beside_chance(trained, data, capsys):
@@ -252,16 +290,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(trained, data, capsys, 
     status, _, err = run(["train", str(config), "--out", str(tmp_path / "out")], capsys)
     assert status == 2 and "model.towers.image" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
-    for setting in ("train.distributed=fsdp", "train.activation_checkpointing=true"):
-        status, _, err = run(["train", str(data / "clip.yaml"), "--set", setting, "--out", str(tmp_path / "out")],
-                             capsys)
-        assert status == 2 and "trains in one process" in err and len(err.strip().splitlines()) == 1
-        assert not (tmp_path / "out").exists()
-
-
-def test_torchrun_is_refused_before_anything_is_written(data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    status, _, err = run(["train", str(data / "clip.yaml"), "--out", str(tmp_path / "out")], capsys)
-    assert status == 2 and "without torchrun" in err and len(err.strip().splitlines()) == 1
+    status, _, err = run(["train", str(data / "clip.yaml"), "--set", "train.init_from=x", "--out",
+                          str(tmp_path / "out")], capsys)
+    assert status == 2 and "trains new towers" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 

@@ -290,4 +290,4 @@ def test_a_language_model_trains_from_llama_tiny_with_keys_set_on_the_command_li
     cfg = model.cfg
     assert (cfg.activation, cfg.norm, cfg.kv_heads, cfg.rope_scaling) == ("swiglu", "rmsnorm", 1,
                                                                           {"type": "linear", "factor": 2.0})
-    assert len(generate_text(model, tokenizer, "the", 12, temperature=0.0)[0]) > 0
+    assert len(generate_text(model, tokenizer, "the", max_new_tokens=12, temperature=0.0)[0]) > 0

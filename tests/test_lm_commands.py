@@ -20,6 +20,7 @@ from atencion.data.batching import token_batches
 from atencion.data.text import read_labelled
 from atencion.data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from atencion.decode.sample import check_sampling, choose_next, generate_ids
+from atencion.decode.settings import SamplingConfig
 from atencion.errors import AtencionError
 from atencion.nn.model_dir import load_model_dir
 from atencion.serve.app import LoadedModel, ServeSettings, create_app
@@ -81,11 +82,11 @@ def loaded(models):
 @pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
 def test_a_seed_reproduces_the_samples_and_top_k_1_is_temperature_0(loaded, name):
     model, tokenizer = loaded[name]
-    first = generate_text(model, tokenizer, "the cat", 20, seed=5, num_samples=3)
-    assert first == generate_text(model, tokenizer, "the cat", 20, seed=5, num_samples=3)
+    first = generate_text(model, tokenizer, "the cat", max_new_tokens=20, seed=5, num_samples=3)
+    assert first == generate_text(model, tokenizer, "the cat", max_new_tokens=20, seed=5, num_samples=3)
     assert len(first) == 3 and len(set(first)) > 1
-    assert generate_text(model, tokenizer, "the cat", 20, top_k=1) == \
-        generate_text(model, tokenizer, "the cat", 20, temperature=0)
+    assert generate_text(model, tokenizer, "the cat", max_new_tokens=20, top_k=1) == \
+        generate_text(model, tokenizer, "the cat", max_new_tokens=20, temperature=0)
 
 
 @pytest.mark.parametrize("name", ["gpt", "gpt-sp"])
@@ -94,7 +95,7 @@ def test_the_text_is_what_the_sampler_draws_and_streams_as_it_is_returned(loaded
     ids = prompt_ids(tokenizer, "the dog")
     expected = generate_ids(model, torch.tensor([ids] * 2), 25, 0.8, 10, 0.9, torch.Generator().manual_seed(3))
     pieces = {0: [], 1: []}
-    texts = generate_text(model, tokenizer, "the dog", 25, 0.8, 10, 0.9, seed=3, num_samples=2,
+    texts = generate_text(model, tokenizer, "the dog", SamplingConfig(25, 0.8, 10, 0.9, seed=3, num_samples=2),
                           on_text=lambda k, text: pieces[k].append(text))
     for k in range(2):
         whole = render(tokenizer, ids + expected[k].tolist())
@@ -116,7 +117,7 @@ def test_generate_prints_the_prompt_and_its_continuation_as_the_library_samples_
     status, out, err = run(["generate", "--model", models["gpt"], "--prompt", "the cat", "--seed", "7",
                             "--max-new-tokens", "30", "--top-p", "0.9"], capsys)
     assert status == 0 and err == ""
-    assert out == "the cat" + generate_text(model, tokenizer, "the cat", 30, top_p=0.9, seed=7)[0] + "\n"
+    assert out == "the cat" + generate_text(model, tokenizer, "the cat", max_new_tokens=30, top_p=0.9, seed=7)[0] + "\n"
     assert run(["generate", "--model", models["gpt"], "--prompt", "the cat", "--seed", "7", "--max-new-tokens",
                 "30", "--top-p", "0.9"], capsys)[1] == out
 
@@ -127,12 +128,12 @@ def test_generate_with_input_gives_one_generation_per_line_under_headers(models,
     status, out, _ = run(["generate", "--model", models["gpt-sp"], "--input", str(tmp_path / "prompts.txt"),
                           "--seed", "1", "--max-new-tokens", "8"], capsys)
     assert status == 0
-    expected = "".join(f"--- line {n} ---\n{p}{generate_text(model, tokenizer, p, 8, seed=1)[0]}\n"
+    expected = "".join(f"--- line {n} ---\n{p}{generate_text(model, tokenizer, p, max_new_tokens=8, seed=1)[0]}\n"
                        for n, p in enumerate(["the cat", "", "my dog"], start=1))
     assert out == expected
     status, out, _ = run(["generate", "--model", models["gpt-sp"], "--prompt", "the", "--seed", "1",
                           "--max-new-tokens", "8", "--num-samples", "2"], capsys)
-    texts = generate_text(model, tokenizer, "the", 8, seed=1, num_samples=2)
+    texts = generate_text(model, tokenizer, "the", max_new_tokens=8, seed=1, num_samples=2)
     assert out == f"--- sample 1 ---\nthe{texts[0]}\n--- sample 2 ---\nthe{texts[1]}\n"
 
 
@@ -213,7 +214,8 @@ def test_the_library_without_a_warn_callback_logs_replaced_bytes_instead_of_fail
     (tmp_path / "in.txt").write_bytes(b"the cat\n\xe9 bad\n")
     out = io.StringIO()
     with caplog.at_level("WARNING"):
-        generate_to(out, models["gpt-sp"], input=str(tmp_path / "in.txt"), max_new_tokens=2, seed=0)
+        generate_to(out, models["gpt-sp"], input=str(tmp_path / "in.txt"),
+                    sampling=SamplingConfig(max_new_tokens=2, seed=0))
         labels = classify_file(models["classifier"], str(tmp_path / "in.txt"))
     assert out.getvalue().count("--- line ") == 2 and len(labels.splitlines()) == 2
     assert [r.getMessage() for r in caplog.records] == [f"{tmp_path / 'in.txt'} line 2: not valid UTF-8 (byte 0xe9 "
@@ -364,7 +366,7 @@ def test_a_text_argument_that_is_not_utf8_is_one_line_naming_it_and_nothing_is_w
 
 def test_the_library_refuses_text_that_is_not_unicode_naming_where_it_came_from(loaded):
     with pytest.raises(AtencionError, match=r"^--prompt: not valid UTF-8 \(byte 0xff at character 1\)"):
-        generate_text(*loaded["gpt"], NOT_UTF8, 3)
+        generate_text(*loaded["gpt"], NOT_UTF8, max_new_tokens=3)
     with pytest.raises(AtencionError, match=r"^--text: not valid Unicode \(a lone surrogate U\+D800 at character 5\)"):
         fill_mask(*loaded["bert"], f"the \ud800 {MASK}")
     with pytest.raises(AtencionError, match=r"^--input line 2: not valid UTF-8 \(byte 0xff at character 1\)"):
@@ -378,8 +380,8 @@ def test_a_temperature_that_is_0_in_float32_is_greedy_and_such_a_top_p_is_refuse
     assert greedy[0] == 0
     for temperature in ("1e-300", "1e-46"):
         assert run(base + ["--temperature", temperature], capsys) == greedy
-        assert generate_text(model, tokenizer, "the", 12, float(temperature)) == \
-            generate_text(model, tokenizer, "the", 12, 0.0)
+        assert generate_text(model, tokenizer, "the", max_new_tokens=12, temperature=float(temperature)) == \
+            generate_text(model, tokenizer, "the", max_new_tokens=12, temperature=0.0)
     for top_p in ("1e-50", "1e-300"):
         status, out, err = run(base + ["--top-p", top_p], capsys)
         assert status == 2 and out == "", (out, err)
@@ -403,7 +405,7 @@ def test_a_prompt_that_encodes_to_no_token_says_so_before_anything_is_written(mo
     assert status == 2 and out == "" and err.startswith("atencion generate: error: --input line 2: encodes to no "
                                                         "token: "), (out, err)
     with pytest.raises(AtencionError, match="^--prompt: encodes to no token"):
-        generate_text(*loaded["gpt-sp"], "\ufeff", 3)
+        generate_text(*loaded["gpt-sp"], "\ufeff", max_new_tokens=3)
 
 
 def test_evaluate_tsv_names_the_file_line_of_a_row_past_the_header_and_the_rows_left_out(models, tmp_path, capsys):
@@ -469,7 +471,7 @@ def test_a_character_model_warns_once_of_characters_not_in_its_vocabulary(models
 
 def test_the_library_logs_characters_a_character_vocabulary_lacks_once(loaded, caplog):
     with caplog.at_level("WARNING"):
-        generate_text(*loaded["gpt"], "ß ok €", 3, num_samples=2)
+        generate_text(*loaded["gpt"], "ß ok €", max_new_tokens=3, num_samples=2)
         fill_mask(*loaded["bert-char"], f"ß {MASK}")
         classify_lines(*loaded["gpt-classifier"], ["ok", "€ ß", "ß"])
     assert [r.getMessage() for r in caplog.records] == [
@@ -478,7 +480,7 @@ def test_the_library_logs_characters_a_character_vocabulary_lacks_once(loaded, c
         "--input: 2 characters not in the vocabulary, read as <unk>: '€', 'ß' (first on line 2)"]
     caplog.clear()
     with caplog.at_level("WARNING"):
-        generate_text(*loaded["gpt-sp"], "ß ok €", 3)  # SentencePiece: not a character vocabulary
+        generate_text(*loaded["gpt-sp"], "ß ok €", max_new_tokens=3)  # SentencePiece: not a character vocabulary
     assert caplog.records == []
 
 
@@ -496,7 +498,7 @@ def test_the_server_answers_what_the_library_computes(client, loaded):
     r = client.post("/generate", json={"model": "gpt-sp", "prompt": "the cat", "max_new_tokens": 12, "seed": 4,
                                        "num_samples": 2, "temperature": 0.7, "top_p": 0.95})
     assert r.status_code == 200, r.text
-    assert r.json()["texts"] == generate_text(*loaded["gpt-sp"], "the cat", 12, 0.7, 0, 0.95, 4, 2)
+    assert r.json()["texts"] == generate_text(*loaded["gpt-sp"], "the cat", SamplingConfig(12, 0.7, 0, 0.95, 4, 2))
     r = client.post("/fill-mask", json={"model": "bert", "text": f"the {MASK} sat", "top_k": 3})
     assert r.status_code == 200, r.text
     assert r.json()["masks"] == [[{"token": t, "probability": p} for t, p in mask]

@@ -1,4 +1,6 @@
-"""The `atencion` command line: thin argument parsing over library functions."""
+"""The `atencion` command line: thin argument parsing over library functions. The commands below
+are the general ones; each task adds its own (translate, generate, fill-mask, classify, transcribe:
+its ``TaskSpec.command``, tasks/), read from ``TASKS`` when the parser is built."""
 
 from __future__ import annotations
 
@@ -9,17 +11,26 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .allocator import keep_freed_memory
+from .arguments import (
+    COUNT,
+    DRAFT_TOKENS,
+    NON_NEGATIVE,
+    POSITIVE,
+    TTA_SHIFT_HELP,
+    Command,
+    add_decoding_arguments,
+    bounded,
+    decode_config_of,
+    draft_tokens_of,
+    warner,
+)
 from .errors import AtencionError, Interrupted
 from .interrupt import remembering_ctrl_c
+from .kernels_cli import add_kernels_arguments, cmd_kernels  # (torch is imported when it runs)
 from .torchrun import say
 
-if TYPE_CHECKING:
-    from .decode.settings import DecodeConfig
-
-# arguments: numbers checked by argparse, so a bad one is named by its option ----------------------
 
 class _Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (the usage is one --help away)."""
@@ -30,73 +41,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2)
 
 
-def _number(kind: type, lowest: float, inclusive: bool = True, highest: float | None = None):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        too_low = value is not None and (value < lowest or (value == lowest and not inclusive))
-        if value is None or too_low or value != value or (highest is not None and value > highest):
-            bound = f"{'>=' if inclusive else '>'} {lowest}" + (f" and <= {highest}" if highest is not None else "")
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} "
-                                             f"{bound}, got {text!r}")
-        return value
-    return parse
-
-
-POSITIVE, COUNT, NON_NEGATIVE = _number(int, 1), _number(int, 0), _number(float, 0.0, highest=1e6)
-TTA_SHIFT_HELP = ("image classifier: average the probabilities over the image moved by every whole offset of at most "
-                  "N pixels each way, (2N + 1)² views, at most 4 (test-time augmentation; default: 0, the image as "
-                  "it is)")
-
-
-def _warn(command: str):
-    """What the library warns of (its ``warn`` argument), on stderr, as one line naming the command."""
-    def warn(message: str) -> None:
-        print(f"atencion {command}: warning: {message}", file=sys.stderr)
-    return warn
-
-
-# decoding options, shared by translate and evaluate -----------------------------------------------
-
-def add_decoding_arguments(p: argparse.ArgumentParser, text: bool = True) -> None:
-    """The options of translate, transcribe and evaluate that make a DecodeConfig (and the model to
-    decode with); ``text``: sources are text (--max-input-tokens; transcribe's are recordings)."""
-    p.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, tokenizer): "
-                                                   "atencion's or a Hugging Face one")
-    p.add_argument("--beam", type=_number(int, 1, highest=64), default=4,
-                   help="beam size, 1 to 64; 1 is greedy (default: 4)")
-    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="length penalty α of Wu et al. 2016 (default: 0.6)")
-    p.add_argument("--max-len-a", type=NON_NEGATIVE, default=1.0,
-                   help="output length ≤ a·source length + b (default a: 1)")
-    p.add_argument("--max-len-b", type=COUNT, default=50, help="(default b: 50, the paper's input length + 50)")
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
-                   help="source tokens (a recording's log-mel frames) per batch (default: 4096)")
-    if text:
-        p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
-                       help="a line of more subword pieces is refused before decoding starts (default: 1024; "
-                            "attention's memory grows with the square of the length)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
-    p.add_argument("--int8", action="store_true",
-                   help="decode with int8 linear layers (dynamic quantization; CPU only; faster, "
-                        "slightly less accurate: see docs/results.md)")
-
-
-def decode_config_of(args: argparse.Namespace) -> DecodeConfig:
-    """The DecodeConfig that the options of ``add_decoding_arguments`` give."""
-    from .decode.settings import DecodeConfig
-
-    return DecodeConfig(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                        batch_tokens=args.batch_tokens)
-
-
-# the commands, in the order of `atencion --help`: each one's arguments, then what runs it ---------
+# the general commands: each one's arguments, then what runs it --------------------------------------
 
 def add_presets_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vocab", type=_number(int, 5, highest=1_000_000), default=37000,
+    p.add_argument("--vocab", type=bounded(int, 5, highest=1_000_000), default=37000,
                    help="vocabulary for base/big (default: 37000, the paper's)")
-    p.add_argument("--tiny-vocab", type=_number(int, 5, highest=1_000_000), default=10000,
+    p.add_argument("--tiny-vocab", type=bounded(int, 5, highest=1_000_000), default=10000,
                    help="vocabulary for tiny, gpt-tiny and t5-tiny, at most 1,000,000 (default: 10000); "
                         "bert-*, gpt2 and t5-small take their published vocabularies")
 
@@ -114,9 +64,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="training config (default: configs/toy_es_en.yaml)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--seed", type=COUNT, default=0, help="seed of the generated corpus (default: 0)")
-    p.add_argument("--train-size", type=_number(int, 10, highest=1_000_000), default=30000,
+    p.add_argument("--train-size", type=bounded(int, 10, highest=1_000_000), default=30000,
                    help="generated training pairs, 10 to 1,000,000 (default: 30000)")
-    p.add_argument("--test-size", type=_number(int, 1, highest=100_000), default=500,
+    p.add_argument("--test-size", type=bounded(int, 1, highest=100_000), default=500,
                    help="held-out test pairs, 1 to 100,000 (default: 500)")
 
 
@@ -128,7 +78,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .demo.run import format_examples, run_demo
 
     summary = run_demo(args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S"), args.config, args.set or [],
-                       n_train=args.train_size, n_test=args.test_size, seed=args.seed, warn=_warn("demo"))
+                       n_train=args.train_size, n_test=args.test_size, seed=args.seed, warn=warner("demo"))
     sys.stdout.write(format_examples(summary.pop("examples")))
     print(json.dumps(summary))
 
@@ -149,158 +99,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .train.trainer import train_file
 
     print(json.dumps(train_file(args.config, args.out, args.set or [], args.resume)))
-
-
-def add_translate_arguments(p: argparse.ArgumentParser) -> None:
-    add_decoding_arguments(p)
-    p.add_argument("--input", help="input file (default: stdin)")
-    p.add_argument("--output", help="output file (default: stdout); written atomically")
-    p.add_argument("--nbest", type=POSITIVE, default=1,
-                   help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
-    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
-
-
-def cmd_translate(args: argparse.Namespace) -> None:
-    """Translate lines from --input (default stdin) to --output (default stdout), one line out per line in."""
-    from .tasks.translate import translate_file
-
-    text = translate_file(args.model, args.input, args.output, decode_config_of(args), args.nbest,
-                          args.max_input_tokens, args.device, args.int8, args.threads, warn=_warn("translate"))
-    if text is not None:
-        sys.stdout.write(text)
-
-
-def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
-    add_decoding_arguments(p, text=False)
-    p.add_argument("--input", help="WAV files, one path a line, relative to this file's folder (default: stdin, "
-                                   "paths relative to the current directory)")
-    p.add_argument("--output", help="output file (default: stdout); written atomically")
-    p.add_argument("--nbest", type=POSITIVE, default=1,
-                   help="print the N best transcripts as 'LINE ||| TEXT ||| SCORE' (default: 1)")
-    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
-
-
-def cmd_transcribe(args: argparse.Namespace) -> None:
-    """Write the text of each WAV file named on --input (default stdin), one path a line, one line
-    out per line in, with a speech-to-text model (task transcribe). A WAV file is PCM (8, 16, 24 or
-    32 bits, mono or more channels, averaged), at any rate: it is resampled to 16 kHz. Every file is
-    read before any is decoded: an empty line, or a missing, empty, corrupt or non-WAV file, stops
-    the command, naming its line and the file, with nothing written."""
-    from .tasks.transcribe import transcribe_file
-
-    text = transcribe_file(args.model, args.input, args.output, decode_config_of(args), args.nbest, args.device,
-                           args.int8, args.threads, warn=_warn("transcribe"))
-    if text is not None:
-        sys.stdout.write(text)
-
-
-def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory of a decoder-only language model (arch decoder), "
-                                                   "atencion's or a Hugging Face one")
-    prompts = p.add_mutually_exclusive_group()
-    prompts.add_argument("--prompt", default="", help="text to continue (default: none; the model starts a new line)")
-    prompts.add_argument("--input", help="a file of prompts, one a line: one generation per line")
-    p.add_argument("--max-new-tokens", type=_number(int, 1, highest=1_000_000), default=200,
-                   help="tokens generated per sample (default: 200)")
-    p.add_argument("--temperature", type=NON_NEGATIVE, default=1.0,
-                   help="divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: 1)")
-    p.add_argument("--top-k", type=COUNT, default=0,
-                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
-    p.add_argument("--top-p", type=_number(float, 0.0, inclusive=False, highest=1.0), default=1.0,
-                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
-                        "in (0, 1]; 1: off (default: 1)")
-    p.add_argument("--seed", type=_number(int, 0, highest=2**63 - 1),
-                   help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
-    p.add_argument("--num-samples", type=_number(int, 1, highest=1000), default=1,
-                   help="samples per prompt, drawn together as one batch (default: 1)")
-    p.add_argument("--chat", action="store_true",
-                   help="an instruct model: the prompt is the user's turn, written through the chat template of "
-                        "its Hugging Face tokenizer (plain text when it has none)")
-    p.add_argument("--draft", metavar="DIR",
-                   help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
-                        "that --model verifies, several per pass; the text comes from --model's own distribution "
-                        "(greedy: the same text), faster when the draft often agrees (default: off)")
-    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64),
-                   help=f"with --draft: tokens the draft proposes per round (default: {DRAFT_TOKENS})")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-
-
-DRAFT_TOKENS = 4  # --draft-tokens' default, with --draft
-
-
-def draft_tokens_of(args: argparse.Namespace) -> int | None:
-    """--draft-tokens, with its default when --draft is given (None without --draft): refused in
-    one line when given without --draft, whose option it is, rather than ignored in silence.
-    For every command with both options (generate, serve); their parsers leave its default None."""
-    if args.draft is None:
-        if args.draft_tokens is not None:
-            raise AtencionError(f"--draft-tokens {args.draft_tokens}: the tokens a draft model proposes per round "
-                                f"of speculative decoding, which needs --draft DIR; give --draft or leave out "
-                                f"--draft-tokens")
-        return None
-    return DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
-
-
-def cmd_generate(args: argparse.Namespace) -> None:
-    """Continue a prompt with a decoder-only language model (a GPT) and print the prompt, its
-    continuation and a line break. One sample is printed token by token as it is generated (flushed
-    at once on a terminal); several (--num-samples) are drawn together and printed when done. With
-    --input each line of the file is a prompt, sampled with the same --seed. When --input or
-    --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
-    '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
-    model's learned positions) before anything is generated. With --draft, speculative decoding
-    (Leviathan et al. 2023): --verbose logs its acceptance rate and tokens/s on stderr."""
-    from .tasks.lm import generate_to
-
-    draft_tokens = draft_tokens_of(args)  # before the model is read
-    generate_to(sys.stdout, args.model, args.prompt, args.input, args.max_new_tokens, args.temperature, args.top_k,
-                args.top_p, args.seed, args.num_samples, args.device, warn=_warn("generate"), chat=args.chat,
-                draft=args.draft, draft_tokens=draft_tokens or DRAFT_TOKENS)
-
-
-def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory of a masked language model (arch encoder, "
-                                                   "a vocabulary with <mask>)")
-    p.add_argument("--text", required=True, help='text with one or more <mask>, e.g. "the <mask> sat on the mat"')
-    p.add_argument("--top-k", type=_number(int, 1, highest=1000), default=5, help="tokens shown per mask (default: 5)")
-    p.add_argument("--json", action="store_true",
-                   help='print one JSON object: {"text", "masks": [[{"token", "probability"}, ...], ...]}')
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-
-
-def cmd_fill_mask(args: argparse.Namespace) -> None:
-    """Predict the token at each <mask> of --text with a masked language model (a BERT): for each
-    mask, in order, the --top-k most likely tokens with their probabilities, most likely first. The
-    masks are predicted at once, each seeing the others as <mask>. A SentencePiece token is shown in
-    quotes with its word-start mark as a leading space: " cat" starts a word, "ing" goes on with the
-    word before it."""
-    from .tasks.mlm import fill_mask_text
-
-    sys.stdout.write(fill_mask_text(args.model, args.text, args.top_k, args.json, args.device,
-                                    warn=_warn("fill-mask")))
-
-
-def add_classify_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory of a classifier (trained with task classify)")
-    p.add_argument("--input", help="sentences, one a line (default: stdin)")
-    p.add_argument("--json", action="store_true",
-                   help='one JSON object per line: {"label", "probability", "probabilities": {LABEL: P, ...}}')
-    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="tokens per batch (default: 4096)")
-    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
-                   help="a line of more pieces is refused, naming it, before any work (default: 1024)")
-    p.add_argument("--tta-shift", type=_number(int, 0, highest=4), default=0, metavar="N", help=TTA_SHIFT_HELP)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-
-
-def cmd_classify(args: argparse.Namespace) -> None:
-    """Label each line of --input (default stdin) with a classifier: one line out per line in,
-    'LABEL<TAB>PROBABILITY', the most likely label and its probability (--json: every label's).
-    An empty line gets the model's answer on the empty sentence, so that the lines stay aligned;
-    bytes that are not UTF-8 are replaced (with one warning)."""
-    from .tasks.classify import classify_file
-
-    sys.stdout.write(classify_file(args.model, args.input, args.json, args.batch_tokens, args.max_input_tokens,
-                                   args.device, warn=_warn("classify"), tta_shift=args.tta_shift))
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -324,7 +122,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                                  "model is a header, as in training); speech-to-text model: text<TAB>path.wav rows "
                                  "(paths relative to the TSV's folder); towers (task contrastive): the first "
                                  "tower's label<TAB>path test rows")
-    p.add_argument("--tta-shift", type=_number(int, 0, highest=4), metavar="N", help=TTA_SHIFT_HELP)
+    p.add_argument("--tta-shift", type=bounded(int, 0, highest=4), metavar="N", help=TTA_SHIFT_HELP)
     p.add_argument("--other-tsv", help="towers: the second tower's label<TAB>path test rows (retrieval both ways)")
     p.add_argument("--centroid-tsv", help="towers: the second tower's labelled rows whose mean embedding per label "
                                           "classifies the first tower's items zero-shot (e.g. its training rows)")
@@ -355,7 +153,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .tasks import evaluate
 
     options = {name: value for name, value in vars(args).items() if name not in ("command", "func", "verbose")}
-    result = evaluate(decode=decode_config_of(args), warn=_warn("evaluate"), **options)
+    result = evaluate(decode=decode_config_of(args), warn=warner("evaluate"), **options)
     print(json.dumps(result, ensure_ascii=result["task"] == "translate"))
 
 
@@ -390,11 +188,11 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shift", choices=["predict", "input"],
                    help="translator only: cross-attention row for target piece j: 'predict', row j, whose output "
                         "predicts it (default); 'input', row j+1, where it is the decoder's input")
-    p.add_argument("--beam", type=_number(int, 1, highest=64),
+    p.add_argument("--beam", type=bounded(int, 1, highest=64),
                    help="translator only: beam size when translating (default: 4)")
     p.add_argument("--max-new-tokens", type=COUNT, default=0,
                    help="GPT only: tokens to generate greedily after --text, shown with it (default: 0)")
-    p.add_argument("--max-tokens", type=_number(int, 1, highest=512), default=128,
+    p.add_argument("--max-tokens", type=bounded(int, 1, highest=512), default=128,
                    help="most tokens, at most 512: a translator's subword pieces on either side, a GPT's text + "
                         "new tokens, a BERT's <s> sentence </s> (default: 128; the maps grow with the square of "
                         "the length), checked before any work")
@@ -501,7 +299,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
                    help="a model directory, optionally named (repeatable; the first is the default)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=_number(int, 0, highest=65535), default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=bounded(int, 0, highest=65535), default=8000, help="port (default: 8000)")
     p.add_argument("--batch-tokens", type=POSITIVE, default=4096,
                    help="source tokens decoded together at most (default: 4096)")
     p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0,
@@ -516,9 +314,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="request body size; larger is answered 413 (default: 1 MiB)")
     p.add_argument("--max-queue", type=POSITIVE, default=256,
                    help="requests waiting per model; more are answered 429 with Retry-After (default: 256)")
-    p.add_argument("--timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=60.0,
+    p.add_argument("--timeout", type=bounded(float, 0.0, inclusive=False, highest=3600), default=60.0,
                    help="seconds per request, waiting included; then 504 (default: 60)")
-    p.add_argument("--read-timeout", type=_number(float, 0.0, inclusive=False, highest=3600), default=10.0,
+    p.add_argument("--read-timeout", type=bounded(float, 0.0, inclusive=False, highest=3600), default=10.0,
                    help="seconds for a client to send a request's headers, and its body (then 408), and for an "
                         "idle connection to stay open; a stalled client is disconnected (default: 10)")
     p.add_argument("--api-key", help="require this key (header X-API-Key or Authorization: Bearer) on every "
@@ -528,7 +326,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "each served decoder proposes tokens that the decoder verifies; the same text (greedy) or "
                         "distribution (sampled) as without it; translators and encoders are served without it "
                         "(default: off)")
-    p.add_argument("--draft-tokens", type=_number(int, 1, highest=64),
+    p.add_argument("--draft-tokens", type=bounded(int, 1, highest=64),
                    help=f"with --draft: tokens the draft proposes per round (default: {DRAFT_TOKENS})")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
     p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
@@ -614,13 +412,6 @@ COMMANDS = [
     ("demo", "train the embedded Spanish→English model and translate examples", add_demo_arguments, cmd_demo),
     ("train", "train a model: a translator, a GPT, a BERT, a classifier or a speech-to-text model",
      add_train_arguments, cmd_train),
-    ("translate", "translate text with a trained model", add_translate_arguments, cmd_translate),
-    ("transcribe", "write the text of WAV files with a speech-to-text model", add_transcribe_arguments,
-     cmd_transcribe),
-    ("generate", "continue a prompt with a language model (GPT), streamed", add_generate_arguments, cmd_generate),
-    ("fill-mask", "predict the tokens at <mask> with a masked language model (BERT)", add_fill_mask_arguments,
-     cmd_fill_mask),
-    ("classify", "label each line with a classifier", add_classify_arguments, cmd_classify),
     ("evaluate", "score a model on a test set (BLEU, perplexity, masked-token or label accuracy)",
      add_evaluate_arguments, cmd_evaluate),
     ("download", "download a public dataset (multi30k)", add_download_arguments, cmd_download),
@@ -634,6 +425,8 @@ COMMANDS = [
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
+    ("kernels", "the CPU decoding kernels: build them, show what is used, benchmark them against F.linear",
+     add_kernels_arguments, cmd_kernels),
     ("import", "convert a Hugging Face model directory into an atencion one", add_import_arguments, cmd_import),
     ("tokenize", "write text as a token file for data.train_tokens (task lm)", add_tokenize_arguments,
      cmd_tokenize),
@@ -641,30 +434,40 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command: the general ones (``COMMANDS``), each task's after train (its
+    ``TaskSpec.command``, in the order tasks/ registers them). Reading the tasks loads torch."""
+    from .tasks import TASKS
+
     parser = _Parser(
         prog="atencion",
         description="The Transformer of 'Attention Is All You Need': train, decode, score, inspect.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, help_text, add_arguments, run in COMMANDS:
-        p = sub.add_parser(name, help=help_text, description=run.__doc__)
-        add_arguments(p)
-        p.set_defaults(func=run)
+    general = [Command(*entry) for entry in COMMANDS]
+    tasks = [spec.command for spec in TASKS.values() if spec.command is not None]
+    after_train = next(i for i, command in enumerate(general) if command.name == "train") + 1
+    for command in [*general[:after_train], *tasks, *general[after_train:]]:
+        p = sub.add_parser(command.name, help=command.help, description=command.run.__doc__)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
-    name = f"atencion {args.command}"
+    argv = sys.argv[1:] if argv is None else argv
+    name = "atencion " + next((word for word in argv if not word.startswith("-")), "").strip()
     try:
         with remembering_ctrl_c():  # a Ctrl-C that something swallows still stops the command
             with remembering_ctrl_c(defer=True):  # not cut in the middle of a C extension's loading (interrupt.py)
                 import numpy  # noqa: F401  (every command needs them; a Ctrl-C here becomes "interrupted")
                 import torch  # noqa: F401
+                parser = build_parser()  # the tasks' commands: their modules load torch
+            args = parser.parse_args(argv)
+            logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                                format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+            keep_freed_memory()  # see allocator.py: large tensors are reused instead of faulted in again
+            name = f"atencion {args.command}"
             args.func(args)
     except Interrupted as err:
         return _fail(name, err, 130)

@@ -60,48 +60,66 @@ def cmd_kernels(args: argparse.Namespace) -> None:
 
     kernels = matvec.KERNELS
     if args.action == "status":
-        loaded = kernels.load(build=False)
-        cpu = kernels.for_cpu
-        print(f"cpu: {cpu.model}; vector instructions: {cpu.vectors}")
-        print(f"build: {kernels.directory} ({'built' if loaded is not None else kernels.reason})")
-        if loaded is not None:
-            simd = kernels.module.simd
-            print(f"kernels: dot products{', panels, attention, whole decoding step' if simd else ''} "
-                  f"({'AVX-512' if simd == 16 else 'AVX2' if simd == 8 else 'no SIMD'}); int8 panels "
-                  f"{'from ' + str(kernels.int8_panels_from) + ' rows' if kernels.matmul_int8_panels else 'none'}")
-        policy = {"measured": "where measured faster than F.linear (ATENCION_MATVEC unset)",
-                  "always": "wherever they apply (ATENCION_MATVEC=1)",
-                  "off": "never (ATENCION_MATVEC=0)"}.get(kernels.policy or "", "not loaded")
-        print(f"used: {policy}")
-        if kernels.choices:
-            print(HEADER)
-            for (n, k, rows, threads), won in sorted(kernels.choices.items()):
-                print(_row(n, k, rows, threads, kernels.timings.get((n, k, rows, threads)), won))
-        elif loaded is not None:
-            print("no shape measured yet: each is, the first time it is decoded (or: atencion kernels benchmark)")
+        _status(kernels)
         return
-    loaded = kernels.load()
-    if loaded is None:
+    if kernels.load() is None:
         raise AtencionError(f"the decoding kernels cannot be loaded here: {kernels.reason}; decoding on the CPU "
                             f"uses F.linear")
     if args.action == "build":
         print(f"built for this CPU ({kernels.for_cpu.model}; {kernels.for_cpu.vectors}): {kernels.directory}")
         return
+    _benchmark(kernels, args)
+
+
+def _status(kernels) -> None:
+    """What is built, for which CPU, which kernels it holds, the policy, and each measured choice."""
+    loaded = kernels.load(build=False)
+    cpu = kernels.for_cpu
+    print(f"cpu: {cpu.model}; vector instructions: {cpu.vectors}")
+    print(f"build: {kernels.directory} ({'built' if loaded is not None else kernels.reason})")
+    if loaded is not None:
+        simd = kernels.module.simd
+        print(f"kernels: dot products{', panels, attention, whole decoding step' if simd else ''} "
+              f"({'AVX-512' if simd == 16 else 'AVX2' if simd == 8 else 'no SIMD'}); int8 panels "
+              f"{'from ' + str(kernels.int8_panels_from) + ' rows' if kernels.matmul_int8_panels else 'none'}")
+    policy = {"measured": "where measured faster than F.linear (ATENCION_MATVEC unset)",
+              "always": "wherever they apply (ATENCION_MATVEC=1)",
+              "off": "never (ATENCION_MATVEC=0)"}.get(kernels.policy or "", "not loaded")
+    print(f"used: {policy}")
+    if kernels.choices:
+        print(HEADER)
+        for (n, k, rows, threads), won in sorted(kernels.choices.items()):
+            print(_row(n, k, rows, threads, kernels.timings.get((n, k, rows, threads)), won))
+    elif loaded is not None:
+        print("no shape measured yet: each is, the first time it is decoded (or: atencion kernels benchmark)")
+
+
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The weight shapes to time: --model's products, else --shapes."""
+    from .nn import matvec
+
+    if args.model:
+        from .nn.model_dir import load_model_dir
+
+        return matvec.shapes_of(load_model_dir(args.model, "cpu")[0])
+    shapes = [tuple(_ints(shape, "--shapes", "x")) for shape in args.shapes.split(",") if shape.strip()]
+    if not shapes or not all(len(s) == 2 and min(s) > 0 for s in shapes):
+        raise AtencionError(f"--shapes: expected NxK,... (e.g. {DEFAULT_SHAPES}), got {args.shapes!r}")
+    return shapes
+
+
+def _benchmark(kernels, args: argparse.Namespace) -> None:
+    """Time each shape at each number of rows, record the choice, print the table as it goes."""
     import torch
+
+    from .nn import matvec
 
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = _ints(args.rows, "--rows")
     if not rows or not all(1 <= r <= matvec.PANEL_ROWS for r in rows):
         raise AtencionError(f"--rows: expected numbers from 1 to {matvec.PANEL_ROWS}, got {args.rows!r}")
-    if args.model:
-        from .nn.model_dir import load_model_dir
-
-        shapes = matvec.shapes_of(load_model_dir(args.model, "cpu")[0])
-    else:
-        shapes = [tuple(_ints(shape, "--shapes", "x")) for shape in args.shapes.split(",") if shape.strip()]
-        if not shapes or not all(len(s) == 2 and min(s) > 0 for s in shapes):
-            raise AtencionError(f"--shapes: expected NxK,... (e.g. {DEFAULT_SHAPES}), got {args.shapes!r}")
+    shapes = _shapes(args)
     print(HEADER)
     threads = torch.get_num_threads()
     for r in rows:

@@ -9,7 +9,7 @@ through MKL) at 9-10 GB/s on one of them and 27-28 on the others. From
 6 to 16 rows the product is bound by arithmetic instead, and ``matmul_panels`` does it on a
 copy of the weight laid out in panels of 16 rows (``panels``: made on first use, a second copy of that
 weight in memory), asking for the weights 2 KB ahead of use: 1.6× ``F.linear``'s GFLOP/s at 16 rows
-(``python benchmarks/matvec.py --rows 16``).
+(``python -m benchmarks.matvec --rows 16``).
 
 The kernels are compiled by ``torch.utils.cpp_extension`` on first use (about a minute, once per CPU;
 under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR, in a folder named after a hash of this CPU's

@@ -8,6 +8,10 @@ initialised to log(1 / 0.07) and clipped at log 100 ("to prevent scaling the log
 row (which recording goes with this image) and of each column (which image with this recording),
 averaged.
 
+``forward`` embeds a batch of each named tower's inputs and gives the logits' scale in one
+call, as DistributedDataParallel and FSDP need (their hooks run around the root module's
+forward); the temperature is a one-element tensor, as FSDP shards no scalar.
+
 A towers directory (``directory_kind`` "towers", nn/model_dir.py) holds towers.json
 ({"task", "towers": [names], "projection", "log_scale"}) and one ordinary atencion model directory
 per tower, named after it: model_dir.py's ``save_towers`` writes it and ``load_towers`` reads it
@@ -45,7 +49,7 @@ class Towers(nn.Module):
         if len(towers) < 2 or len(set(widths.values())) != 1 or 0 in widths.values():
             raise AtencionError(f"towers: expected two or more towers projecting to one width, got {widths}")
         self.towers = nn.ModuleDict(towers)
-        self.log_scale = nn.Parameter(torch.tensor(float(log_scale)))
+        self.log_scale = nn.Parameter(torch.tensor([float(log_scale)]))
         self.task = task
 
     @property
@@ -60,9 +64,17 @@ class Towers(nn.Module):
         """The L2-normalised embeddings (batch, projection) of a batch of tower ``name``'s inputs."""
         return F.normalize(self.towers[name].classify(inputs, lengths=lengths).float(), dim=-1)
 
+    def scale(self) -> Tensor:
+        """exp(t), the logits' scale (1,): at most 100, as CLIP's is."""
+        return self.log_scale.clamp(max=LOG_SCALE_MAX).exp()
+
     def logits(self, first: Tensor, second: Tensor) -> Tensor:
         """exp(t) · first · secondᵀ, the temperature clipped at 100 as CLIP's is."""
-        return self.log_scale.clamp(max=LOG_SCALE_MAX).exp() * first @ second.t()
+        return self.scale() * first @ second.t()
+
+    def forward(self, batches: dict[str, tuple[Tensor, Tensor | None]]) -> tuple[dict[str, Tensor], Tensor]:
+        """The embeddings of each named tower's batch (inputs, lengths) and the logits' scale."""
+        return {name: self.embed(name, *batch) for name, batch in batches.items()}, self.scale()
 
     @torch.no_grad()
     def clamp_(self) -> None:

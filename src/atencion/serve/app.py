@@ -54,7 +54,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import tasks
 from ..config import TWO_STACKS
-from ..decode.settings import DecodeConfig
+from ..decode.settings import DecodeConfig, SamplingConfig
 from ..errors import AtencionError
 from ..nn.inputs import input_kind, reads_tokens
 from ..tasks.base import sentence_ids
@@ -340,6 +340,19 @@ def _unprocessable():
         raise Refused(422, str(err)) from None
 
 
+def _source_pieces(i: int, sentence: str, m: LoadedModel, settings: ServeSettings) -> int:
+    """The subword pieces of a request's ``i``-th sentence; 422 for an empty one or one over the limit."""
+    if not sentence.strip():
+        raise Refused(422, f"sentences.{i}: the sentence is empty")
+    if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
+        raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
+                           f"{settings.max_tokens} subword pieces per sentence)")
+    pieces = len(m.tokenizer.encode_src(sentence.strip()))
+    if pieces > settings.max_tokens:
+        raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of {settings.max_tokens}")
+    return pieces
+
+
 async def _translate(body: TranslateRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
     settings = ctx.settings
     if len(body.sentences) > settings.max_sentences:
@@ -347,18 +360,7 @@ async def _translate(body: TranslateRequest, m: LoadedModel, ctx: Context) -> di
                            f"{settings.max_sentences} per request")
     if body.nbest > body.beam:
         raise Refused(422, f"nbest: {body.nbest} is more than beam ({body.beam})")
-    tokens = 0
-    for i, sentence in enumerate(body.sentences):
-        if not sentence.strip():
-            raise Refused(422, f"sentences.{i}: the sentence is empty")
-        if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
-            raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
-                               f"{settings.max_tokens} subword pieces per sentence)")
-        pieces = len(m.tokenizer.encode_src(sentence.strip()))
-        if pieces > settings.max_tokens:
-            raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of "
-                               f"{settings.max_tokens}")
-        tokens += pieces + 1
+    tokens = sum(_source_pieces(i, sentence, m, settings) + 1 for i, sentence in enumerate(body.sentences))
     if body.attention:
         from ..viz.attention import require_cross_attention
 
@@ -407,10 +409,11 @@ async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict
     with _unprocessable():
         ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
     ctx.check_length("prompt", body.prompt, len(ids))
-    speculative = {} if m.draft is None else {"draft": m.draft.model, "draft_tokens": m.draft.tokens}
-    texts = await ctx.run(m, lambda: generate_text(
-        m.model, m.tokenizer, body.prompt, new_tokens, body.temperature, body.top_k, body.top_p, body.seed,
-        body.num_samples, what="prompt", **speculative))
+    sampling = SamplingConfig(new_tokens, body.temperature, body.top_k, body.top_p, body.seed, body.num_samples,
+                              SamplingConfig.draft_tokens if m.draft is None else m.draft.tokens)
+    draft = None if m.draft is None else m.draft.model
+    texts = await ctx.run(m, lambda: generate_text(m.model, m.tokenizer, body.prompt, sampling, what="prompt",
+                                                   draft=draft))
     return {"model": m.name, "prompt": body.prompt, "texts": texts}
 
 
@@ -574,25 +577,36 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     if not models:
         raise AtencionError("serve: give at least one model")
     ctx = Context(models, settings, Metrics())
-    counted = {*FIXED, *("/" + e.name for e in MODEL_ENDPOINTS)}  # the paths metrics name; any other is "other"
+    app = FastAPI(title="atencion", lifespan=_lifespan(ctx), docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings, app.state.metrics = settings, ctx.metrics
+    _answer_errors(app)
+    _guard_every_request(app, ctx)
+    _fixed_endpoints(app, ctx)
+    for endpoint in MODEL_ENDPOINTS:  # the model endpoints: the table's
+        app.add_api_route("/" + endpoint.name, _route(endpoint, ctx), methods=["POST"], name=endpoint.name)
+    return app
 
+
+def _lifespan(ctx: Context):
+    """The queues of the models while the server runs: a translator's batcher, another model's
+    worker; at shutdown the requests in flight are answered first."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        for m in models:
+        settings = ctx.settings
+        for m in ctx.models:
             if "translate" in m.endpoints:
                 ctx.batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
                                                settings.max_queue, ctx.metrics.batch, m.name)
             else:
                 ctx.workers[m.name] = Worker(settings.max_queue, m.name)
         yield
-        for queue in [*ctx.batchers.values(), *ctx.workers.values()]:  # the requests in flight are answered first
+        for queue in [*ctx.batchers.values(), *ctx.workers.values()]:
             await asyncio.to_thread(queue.stop)
+    return lifespan
 
-    app = FastAPI(title="atencion", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.settings, app.state.metrics = settings, ctx.metrics
 
-    # errors: one JSON object, a 4xx status, never a traceback ------------------------------------
-
+def _answer_errors(app: FastAPI) -> None:
+    """Errors: one JSON object, a 4xx status, never a traceback (a bug: 500, its traceback logged)."""
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
         return _error(exc.status, str(exc), exc.headers)
@@ -608,7 +622,10 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     async def bug(request: Request, exc: Exception):
         return _internal_error(request, exc)
 
-    # every request: size limit, key, metrics, one log line --------------------------------------
+
+def _guard_every_request(app: FastAPI, ctx: Context) -> None:
+    """Every request: size limit, key, metrics, one log line."""
+    counted = {*FIXED, *("/" + e.name for e in MODEL_ENDPOINTS)}  # the paths metrics name; any other is "other"
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -620,7 +637,7 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         endpoint = path if path in counted else "other"
         with ctx.metrics.in_flight(endpoint):
             try:
-                response = await _checked(request, call_next, settings)
+                response = await _checked(request, call_next, ctx.settings)
             except Exception as exc:  # noqa: BLE001 - a bug: answered 500, and counted like any answer
                 response = _internal_error(request, exc)
         seconds = time.perf_counter() - began
@@ -630,7 +647,10 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
                              "client": request.client.host if request.client else None}))
         return response
 
-    # the fixed endpoints ---------------------------------------------------------------------------
+
+def _fixed_endpoints(app: FastAPI, ctx: Context) -> None:
+    """GET /health, /info, /metrics, the explorer page and its files."""
+    models, settings = ctx.models, ctx.settings
 
     @app.get("/health")
     async def health():
@@ -656,12 +676,6 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         if name not in STATIC:
             raise Refused(404, f"/static/{name}: no such file")
         return Response(_static(name), media_type=TYPES[name])
-
-    # the model endpoints: the table's ------------------------------------------------------------
-
-    for endpoint in MODEL_ENDPOINTS:
-        app.add_api_route("/" + endpoint.name, _route(endpoint, ctx), methods=["POST"], name=endpoint.name)
-    return app
 
 
 def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[dict[str, Any]]]:

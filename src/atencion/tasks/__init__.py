@@ -11,13 +11,15 @@ side by side as x-transformers keeps a wrapper's loss and its ``generate``.
     transcribe  speech to text: an encoder-decoder reading recordings → transcribe
     contrastive two towers (CLIP) over two modalities' pairs          → evaluate (zero-shot, retrieval)
 
-The training configuration (train/config.py), the trainer, `atencion evaluate` and the server
-read ``TASKS`` instead of keeping tables of their own. The task a model was trained for is saved
+The training configuration (train/config.py), the trainer, the command line (each task's
+command: ``TaskSpec.command``), `atencion evaluate` and the server read ``TASKS`` instead of
+keeping tables of their own. The task a model was trained for is saved
 in its config.json (``ModelConfig.task``).
 
 A new task is one module here: a ``Task`` subclass (``tokenizer_texts``/``train_tokenizer``,
 ``encode``, ``lengths`` or ``batches``, ``make_batch``, ``loss``, ``validate``), its use
-functions, and ``SPEC = register_task(TaskSpec(...))``; then one import line below.
+functions, its command (``COMMAND = Command(...)``, arguments.py) and ``SPEC =
+register_task(TaskSpec(..., command=COMMAND))``; then one import line below.
 """
 
 from __future__ import annotations

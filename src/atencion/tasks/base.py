@@ -5,7 +5,9 @@ message (``describe``), and whether it can do what it is asked (``check_model``)
 
 The trainer (train/trainer.py) owns the loop, the optimizer and the checkpoints; a task gives
 it index batches (``batches``), turns one into tensors (``make_batch``), computes its summed
-loss (``loss``) and validates (``validate``). Everything random in a batch (the epoch's order,
+loss (``loss``) and validates (``validate``). A task whose model is not one model of the model
+section builds it itself (``model``: contrastive's two towers), with a batch type of its own,
+and may act after each update (``after_update``). Everything random in a batch (the epoch's order,
 MLM's masking) is drawn from the seed, the epoch and the step, so a resumed run repeats it
 exactly.
 """
@@ -16,12 +18,13 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from ..arguments import Command
 from ..config import ModelConfig
 from ..data.batching import token_batches
 from ..data.tokenizer import PAD_ID, Tokenizer, check_text
@@ -29,6 +32,9 @@ from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,18 @@ class TaskSpec:
     evaluate_options: tuple[str, ...]  # the options of `atencion evaluate` it reads (argument names)
     evaluate_required: tuple[str, ...]  # those it must be given
     metrics: tuple[str, ...] = ()  # what its validation measures beside the loss (train.early_stop_metric may name one)
+    command: Command | None = None  # its command, `atencion USE`: arguments and runner (cli.py reads it)
+    # the training config (train/config.py)
+    data_keys: tuple[str, ...] = ()  # the data section's keys it reads (one it does not read is refused when given)
+    check_config: Callable[[TrainConfig, str], None] | None = None  # its own checks of a config (source for messages)
+    model_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)  # arch → what it adds to
+                                   # the model section unless given (classify: a decoder pools its last token)
+    stand_in: dict[str, Any] = field(default_factory=dict, hash=False)  # what its data decides about the model,
+                                   # stood in for before the data is read (classify: two labels)
+    longest: Callable[[TrainConfig], tuple[int, str]] | None = None  # (length, key): the longest sequence its data
+                                   # gives, for the positions check (None: its model reads no positions of text)
+    check_model_section: Callable[[dict, str], None] | None = None  # a model section of its own (contrastive's
+                                   # towers), checked in place of the ordinary one's keys and model
 
     @property
     def evaluate_needs(self) -> str:
@@ -65,6 +83,20 @@ USES: dict[str, TaskSpec] = {}     # use (translate, generate, fill-mask, classi
 def flag(option: str) -> str:
     """The command-line flag of an argument name: block_size → --block-size."""
     return "--" + option.replace("_", "-")
+
+
+# the data keys of a new tokenizer (Task.train_tokenizer): read by every task that reads text
+TOKENIZER_KEYS = ("tokenizer", "vocab_size", "model_type", "character_coverage")
+
+
+def sentence_positions(cfg: TrainConfig) -> tuple[int, str]:
+    """The longest sequence of a task reading sentences of data.max_len tokens between <s> and </s>."""
+    return cfg.data.max_len + 2, "data.max_len"
+
+
+def target_positions(cfg: TrainConfig) -> tuple[int, str]:
+    """The longest sequence of a decoder writing targets of data.max_len tokens after <s>."""
+    return cfg.data.max_len + 1, "data.max_len"
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
@@ -170,6 +202,8 @@ class Task:
         return token_batches(self.lengths(), t.max_tokens, seed=t.seed + epoch)
 
     def make_batch(self, indices: list[int], step: int, part: int) -> TaskBatch:
+        """The micro-batch of ``indices``: a TaskBatch, or a task's own type with what the trainer
+        reads of one (``units``, ``tokens``, ``to(device)``: contrastive's PairBatch)."""
         raise NotImplementedError
 
     def loss(self, forward, model, batch: TaskBatch) -> tuple[Tensor, Tensor]:
@@ -184,6 +218,22 @@ class Task:
 
     def has_validation(self) -> bool:
         return True
+
+    def model(self) -> torch.nn.Module | None:
+        """The new model of a task that builds its own (contrastive: two towers, nn/towers.py),
+        which the trainer trains, checkpoints and saves as it does one model (``save_model``
+        writes its directory) and also leaves in OUT/last; None (the default): the trainer builds
+        one model of the model section over the tokenizer's vocabularies."""
+        return None
+
+    def check_resumed(self, saved: torch.nn.Module, checkpoint) -> None:
+        """--resume of a task with its own ``model``: refuse, in one line, the ``saved`` one of
+        ``checkpoint`` if the config no longer builds it."""
+
+    def after_update(self, model: torch.nn.Module) -> dict[str, float]:
+        """After each update, on every process: what the task does to the weights (contrastive
+        clips its temperature) and what it adds to the update's log line."""
+        return {}
 
 
 def valid_result(loss: float, nll: float, units: float, step: int) -> dict[str, float]:

@@ -10,6 +10,7 @@ rows instead, each path relative to the TSV's folder, each file read by its inpu
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..arguments import POSITIVE, TTA_SHIFT_HELP, Command, bounded, warner
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.images import rotate_images, shift_images, shifted_views
@@ -32,6 +34,7 @@ from ..fileio import need_file
 from ..nn.inputs import INPUTS, input_kind, read_inputs
 from ..nn.model_dir import load_model_dir
 from .base import (
+    TOKENIZER_KEYS,
     Task,
     TaskBatch,
     TaskSpec,
@@ -42,6 +45,7 @@ from .base import (
     pad_rows,
     register_task,
     sentence_ids,
+    sentence_positions,
     warn_unseen,
 )
 
@@ -354,9 +358,38 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
     return evaluate_file(model, options, "tsv", score)
 
 
+# the command: `atencion classify` -----------------------------------------------------------------
+
+def add_classify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a classifier (trained with task classify)")
+    p.add_argument("--input", help="sentences, one a line (default: stdin)")
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object per line: {"label", "probability", "probabilities": {LABEL: P, ...}}')
+    p.add_argument("--batch-tokens", type=POSITIVE, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--max-input-tokens", type=POSITIVE, default=1024,
+                   help="a line of more pieces is refused, naming it, before any work (default: 1024)")
+    p.add_argument("--tta-shift", type=bounded(int, 0, highest=4), default=0, metavar="N", help=TTA_SHIFT_HELP)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_classify(args: argparse.Namespace) -> None:
+    """Label each line of --input (default stdin) with a classifier: one line out per line in,
+    'LABEL<TAB>PROBABILITY', the most likely label and its probability (--json: every label's).
+    An empty line gets the model's answer on the empty sentence, so that the lines stay aligned;
+    bytes that are not UTF-8 are replaced (with one warning)."""
+    sys.stdout.write(classify_file(args.model, args.input, args.json, args.batch_tokens, args.max_input_tokens,
+                                   args.device, warn=warner("classify"), tta_shift=args.tta_shift))
+
+
+COMMAND = Command("classify", "label each line with a classifier", add_classify_arguments, cmd_classify)
+
+
 SPEC = register_task(TaskSpec(
     name="classify", kind="a classifier (a classification head)", preset="bert-tiny", archs=("encoder", "decoder"),
     metric="accuracy", label_smoothing=0.0, training=ClassifyTask, use="classify",
     needs="a model with a classification head (task classify)", can=can_classify,
     evaluate=evaluate_classifier_dir, evaluate_options=("tsv", "tta_shift"), evaluate_required=("tsv",),
-    metrics=("accuracy",)))
+    metrics=("accuracy",),
+    command=COMMAND,
+    data_keys=(*TOKENIZER_KEYS, "train_tsv", "valid_tsv", "header", "empty_lines", "max_len", "shift", "rotate"),
+    model_defaults={"decoder": {"pooling": "last"}}, stand_in={"num_labels": 2}, longest=sentence_positions))

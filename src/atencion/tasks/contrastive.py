@@ -15,7 +15,15 @@ data.train_src for the first tower, data.train_tgt for the second (data.valid_sr
 data.valid_tgt choose the checkpoint). Every epoch each item of the first is paired with an item
 of the second of the same label drawn at random from the seed and the epoch (a run repeats its
 pairs, and --resume continues from the last checkpoint as an unbroken run would); train.max_tokens is
-the number of pairs in a batch.
+the number of pairs in a batch (a micro-batch of one process).
+
+Training is the trainer's (train/trainer.py), as for every task: the task builds its own model
+(``model``: the towers, saved as a towers directory), its batches are ``PairBatch``es, and after
+each update it clips the temperature (``after_update``). Under torchrun (DDP, FSDP) the loss is
+that of the global batch, every process's pairs: the embeddings are gathered from every process
+as open_clip's ``gather_features`` does (``gather``: this process's keep their gradient, the
+others' come without), so the loss and the update are the one-process ones on the same pairs
+(``global_info_nce``).
 
 Use (``evaluate_towers``): zero-shot classification of the first tower's items by the nearest
 class centroid of the second tower's (the mean embedding of each label's items), and retrieval
@@ -27,9 +35,13 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.text import read_labelled_lines
@@ -38,11 +50,10 @@ from ..fileio import need_file
 from ..nn.inputs import INPUTS, input_kind
 from ..nn.model_dir import build_model, load_model_dir
 from ..nn.towers import Towers, info_nce
-from .base import Task, TaskSpec, evaluating, register_task
+from .base import Task, TaskSpec, evaluating, model_device, register_task
 from .classify import read_rows
 
 log = logging.getLogger(__name__)
-
 
 
 # the configuration ---------------------------------------------------------------------------
@@ -95,6 +106,21 @@ def pairs(first: list[int], second: list[int], generator: torch.Generator) -> li
     return out
 
 
+@dataclass
+class PairBatch:
+    """One micro-batch of pairs: each tower's collated inputs, (inputs, lengths) by tower name, in
+    the pairs' order; its units are the pairs (the loss is summed over them), its tokens the
+    positions both towers read."""
+
+    towers: dict[str, tuple[Tensor, Tensor | None]]
+    units: int
+    tokens: int
+
+    def to(self, device) -> PairBatch:
+        return PairBatch({name: (inputs.to(device), None if lengths is None else lengths.to(device))
+                          for name, (inputs, lengths) in self.towers.items()}, self.units, self.tokens)
+
+
 class ContrastiveTask(Task):
     """The training side: the two towers' examples, this epoch's pairs, the loss and validation."""
 
@@ -119,8 +145,26 @@ class ContrastiveTask(Task):
             self.valid = (read_labelled_files(first, d.valid_src, self.labels, "data.valid_src")[:2]
                           + read_labelled_files(second, d.valid_tgt, self.labels, "data.valid_tgt")[:2])
 
+    def train_tokenizer(self) -> None:
+        return None  # images and sounds: no vocabulary
+
+    def encode(self, tokenizer) -> None:
+        pass
+
     def model(self) -> Towers:
         return Towers({name: build_model(c) for name, c in self.configs.items()})
+
+    def check_resumed(self, saved, checkpoint: Path) -> None:
+        if not isinstance(saved, Towers):
+            raise AtencionError(f"{checkpoint}: holds one model, not the towers of task contrastive; the task cannot "
+                                f"change on --resume")
+        for name, tower in saved.towers.items():
+            if tower.cfg != self.configs.get(name):
+                raise AtencionError(f"{checkpoint / name / 'config.json'}: not the tower model.towers.{name} "
+                                    f"gives now; the model section cannot change on --resume")
+
+    def has_validation(self) -> bool:
+        return self.valid is not None
 
     def batches(self, epoch: int) -> list[list[tuple[int, int]]]:
         """This epoch's pairs, drawn from the seed and the epoch, in batches of train.max_tokens."""
@@ -128,13 +172,34 @@ class ContrastiveTask(Task):
         drawn = pairs(self.first_labels, self.second_labels, torch.Generator().manual_seed(t.seed * 1_000_003 + epoch))
         return [drawn[k: k + t.max_tokens] for k in range(0, len(drawn), t.max_tokens)]
 
-    def loss(self, model: Towers, batch: list[tuple[int, int]]) -> Tensor:
-        return pair_loss(model, [self.first[i] for i, _ in batch], [self.second[j] for _, j in batch])
+    def make_batch(self, indices: list[tuple[int, int]], step: int, part: int) -> PairBatch:
+        towers, tokens = {}, 0
+        for side, ((name, c), examples) in enumerate(zip(self.configs.items(), (self.first, self.second))):
+            chosen = [examples[pair[side]] for pair in indices]
+            kind = INPUTS[c.inputs["kind"]]
+            towers[name] = kind.collate(chosen)
+            tokens += sum(kind.positions(e, c.inputs) for e in chosen)
+        return PairBatch(towers, len(indices), tokens)
+
+    def loss(self, forward, model: Towers, batch: PairBatch) -> tuple[Tensor, Tensor]:
+        """This process's part of the symmetric InfoNCE loss of the global batch, summed over its
+        pairs (``global_info_nce``), twice: it is its own negative log-likelihood."""
+        embeddings, scale = forward(batch.towers)
+        loss = global_info_nce(*embeddings.values(), scale)
+        return loss, loss.detach()
+
+    def after_update(self, model: Towers) -> dict[str, float]:
+        """Clip the temperature at 100 (t ≤ log 100), as CLIP's training does; the update's log
+        line shows it."""
+        model.clamp_()
+        log_scale = model.log_scale.detach()
+        log_scale = log_scale.full_tensor() if hasattr(log_scale, "full_tensor") else log_scale  # fsdp: its shards
+        return {"temperature": round(math.exp(-float(log_scale)), 4)}
 
     @torch.no_grad()
-    def validate(self, model: Towers, step: int) -> dict[str, float]:
+    def validate(self, model: Towers, device, step: int) -> dict[str, float]:
         """The loss on pairs drawn once from the seed, and zero-shot accuracy of the first tower's
-        validation items against the second tower's training centroids."""
+        validation items against the second tower's training centroids (every process alike)."""
         first, first_labels, second, second_labels = self.valid
         drawn = pairs(first_labels, second_labels, torch.Generator().manual_seed(self.cfg.train.seed))
         b = self.cfg.train.max_tokens
@@ -151,16 +216,59 @@ class ContrastiveTask(Task):
         return {"valid_loss": loss, "valid_zero_shot_accuracy": accuracy}
 
 
+def gather(x: Tensor) -> tuple[Tensor, int]:
+    """Every process's rows of ``x`` (n_p, d; n_p may differ), in rank order, and the index of
+    this process's first row, as open_clip's ``gather_features`` (gather_with_grad off): this
+    process's rows keep their gradient, the others' come without. One process: ``x``, 0."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return x, 0
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([x.size(0)], device=x.device))
+    sizes = [int(n) for n in sizes]
+    padded = F.pad(x.detach(), (0, 0, 0, max(sizes) - x.size(0)))  # all_gather takes tensors of one shape
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    parts = [part[:n] for part, n in zip(parts, sizes)]
+    parts[rank] = x
+    return torch.cat(parts), sum(sizes[:rank])
+
+
+def global_info_nce(first: Tensor, second: Tensor, scale: Tensor) -> Tensor:
+    """This process's part of the symmetric InfoNCE loss of the global batch (every process's
+    pairs: ``gather``), summed over pairs; one process: the loss of its batch times its pairs.
+
+    Its value is the part of this process's pairs (their rows' and columns' cross-entropies,
+    halved), so that the parts sum to the global batch's loss. Its gradient is, with respect to
+    this process's embeddings, that of the whole global loss (the others' embeddings are
+    constants here) and, with respect to the temperature, that of its part. Summed over the
+    processes (DDP and FSDP average the gradients; the trainer scales by their number), both give
+    the one-process gradient of the global batch exactly."""
+    both, offset = gather(torch.cat([first, second], 1))
+    a, b = both.split([first.size(1), second.size(1)], 1)
+    similarities = a @ b.t()
+    targets = torch.arange(similarities.size(0), device=similarities.device)
+
+    def per_pair(logits: Tensor) -> Tensor:  # pair i: the cross-entropies of row i and column i, halved
+        return (F.cross_entropy(logits, targets, reduction="none")
+                + F.cross_entropy(logits.t(), targets, reduction="none")) / 2
+
+    whole = per_pair(scale.detach() * similarities).sum()  # the gradient into this process's embeddings
+    part = per_pair(scale * similarities.detach())[offset: offset + first.size(0)].sum()  # value, temperature
+    return part + (whole - whole.detach())
+
+
 def collate(model: Towers, name: str, examples: list[Tensor]) -> tuple[Tensor, Tensor | None]:
     inputs, lengths = INPUTS[model.towers[name].cfg.inputs["kind"]].collate(examples)
-    device = model.log_scale.device
+    device = model_device(model)
     return inputs.to(device), None if lengths is None else lengths.to(device)
 
 
 def pair_loss(model: Towers, first: list[Tensor], second: list[Tensor]) -> Tensor:
-    """The symmetric InfoNCE loss of a batch of pairs (first[i], second[i])."""
+    """The symmetric InfoNCE loss of a batch of pairs (first[i], second[i]), on this process alone."""
     a, b = model.names
-    return info_nce(model.logits(model.embed(a, *collate(model, a, first)), model.embed(b, *collate(model, b, second))))
+    embeddings, scale = model({a: collate(model, a, first), b: collate(model, b, second)})
+    return info_nce(scale * embeddings[a] @ embeddings[b].t())
 
 
 # use: embeddings, zero-shot, retrieval --------------------------------------------------------
@@ -168,8 +276,9 @@ def pair_loss(model: Towers, first: list[Tensor], second: list[Tensor]) -> Tenso
 
 @torch.no_grad()
 def embed_all(model: Towers, name: str, examples: list[Tensor], batch: int = 256) -> Tensor:
-    """The normalised embeddings (n, projection) of tower ``name``'s ``examples``, in order."""
-    return torch.cat([model.embed(name, *collate(model, name, examples[k: k + batch])).cpu()
+    """The normalised embeddings (n, projection) of tower ``name``'s ``examples``, in order
+    (through the model's forward: under FSDP its hooks gather the weights)."""
+    return torch.cat([model({name: collate(model, name, examples[k: k + batch])})[0][name].cpu()
                       for k in range(0, len(examples), batch)])
 
 
@@ -237,9 +346,50 @@ def can_embed(model, tokenizer) -> bool:
     return isinstance(model, Towers)
 
 
+TOWERS_SECTION = ("towers", "projection")  # its model section
+
+
+def check_towers_section(model: dict, source: str) -> None:
+    """The model section of a contrastive run: exactly ``towers`` (two named model sections) and
+    ``projection`` (a positive width); each tower's own keys are checked as a model section's."""
+    from ..train.config import MODEL_KEYS  # the keys of a model section (train/config.py reads TASKS)
+
+    if set(model) != set(TOWERS_SECTION):
+        raise AtencionError(f"{source}: task contrastive's model section holds exactly {list(TOWERS_SECTION)} "
+                            f"(towers: {{NAME: model section}}, projection: WIDTH), got {sorted(model)}")
+    towers, width = model["towers"], model["projection"]
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise AtencionError(f"{source}: model.projection must be a positive integer, got {width!r}")
+    if not isinstance(towers, dict) or len(towers) != 2 or not all(isinstance(n, str) and n and n == Path(n).name
+                                                                   for n in towers):
+        raise AtencionError(f"{source}: model.towers must map two names (directory names) to model sections, "
+                            f"got {towers!r}")
+    for name, section in towers.items():
+        if not isinstance(section, dict):
+            raise AtencionError(f"{source}: model.towers.{name} must be a model section (a mapping), got {section!r}")
+        bad = sorted(set(section) - MODEL_KEYS)
+        if bad:
+            raise AtencionError(f"{source}: unknown key model.towers.{name}.{bad[0]}; known model keys: "
+                                f"{sorted(MODEL_KEYS)}")
+
+
+def check_contrastive_config(cfg, source: str) -> None:
+    """New towers; each tower's section checked now as a model section is."""
+    t = cfg.train
+    if t.init_from is not None or any(getattr(t, key) is not None for key in ("lora", "prefix", "prompt")):
+        raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from, train.lora, "
+                            f"train.prefix and train.prompt are for the single-model tasks")
+    try:
+        tower_configs(cfg)
+    except AtencionError as err:
+        raise AtencionError(f"{source}: {err}") from None
+
+
 SPEC = register_task(TaskSpec(
     name="contrastive", kind="towers of two modalities (CLIP)", preset="vit-tiny", archs=("encoder",),
     metric="zero_shot_accuracy", label_smoothing=0.0, training=ContrastiveTask, use="embed",
     needs="towers trained contrastively (task contrastive)", can=can_embed, evaluate=evaluate_towers_dir,
     evaluate_options=("tsv", "other_tsv", "centroid_tsv"), evaluate_required=("tsv", "other_tsv", "centroid_tsv"),
-    metrics=("zero_shot_accuracy",)))
+    metrics=("zero_shot_accuracy",),
+    data_keys=("train_src", "train_tgt", "valid_src", "valid_tgt"), check_config=check_contrastive_config,
+    check_model_section=check_towers_section))

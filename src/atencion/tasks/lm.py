@@ -12,8 +12,10 @@ the user's turn through the tokenizer's chat template.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,17 +24,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..arguments import COUNT, DRAFT_TOKENS, NON_NEGATIVE, Command, bounded, draft_tokens_of, warner
 from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
 from ..data.tokenizer import EOS_ID, Tokenizer, check_text
 from ..data.tokens import TokenStream, write_tokens
-from ..decode.sample import check_sampling, generate_ids
+from ..decode.sample import generate_ids
+from ..decode.settings import SamplingConfig, sampling_config
 from ..decode.speculative import check_draft, speculative_ids
 from ..errors import AtencionError, Diverged
 from ..fileio import need_dir, need_file
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
 from .base import (
+    TOKENIZER_KEYS,
     Task,
     TaskBatch,
     TaskSpec,
@@ -284,16 +289,17 @@ def check_prompt(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, 
     return ids
 
 
-def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, num_samples: int = 1,
-                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt",
-                  warn=None, chat: bool = False, draft=None, draft_tokens: int = 4) -> list[str]:
+def generate_text(model, tokenizer: Tokenizer, prompt: str, sampling: SamplingConfig | None = None, *,
+                  on_text: Callable[[int, str], None] | None = None, what: str = "--prompt", warn=None,
+                  chat: bool = False, draft=None, **settings) -> list[str]:
     """``num_samples`` continuations of ``prompt`` by a decoder-only model, sampled together (one
     batch) as ``decode/sample.py`` says (``temperature`` 0, or 0 in float32, or ``top_k`` 1:
-    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it. With a
-    ``draft`` model (over the same token ids), each sample is drawn in turn by speculative
-    decoding (``decode/speculative.py``, ``draft_tokens`` proposed per round): greedy gives the
-    same text, sampling the same distribution with other random numbers.
+    greedy), each ``max_new_tokens`` tokens long; the text after the prompt, without it. The
+    settings are ``sampling`` (a SamplingConfig) with the loose keyword ``settings`` put in
+    (``max_new_tokens=100, seed=0``: ``sampling_config``). With a ``draft`` model (over the same
+    token ids), each sample is drawn in turn by speculative decoding (``decode/speculative.py``,
+    ``draft_tokens`` proposed per round): greedy gives the same text, sampling the same
+    distribution with other random numbers.
 
     ``seed`` seeds the sampler's own generator: the same seed gives the same samples (None: a
     fresh seed). ``on_text(sample, text)``, if given, receives each sample's text as it grows: the
@@ -303,56 +309,72 @@ def generate_text(model, tokenizer: Tokenizer, prompt: str, max_new_tokens: int 
     Face model's samples end at its end-of-sequence token (``Tokenizer.specials.stop``); ``chat``:
     the prompt goes through the tokenizer's chat template, if it has one (``prompt_ids``)."""
     check_model(model, tokenizer, "generate")
-    check_sampling(temperature, top_k, top_p)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise AtencionError(f"--num-samples must be a positive integer, got {num_samples!r}")
-    ids = check_prompt(model, tokenizer, prompt, max_new_tokens, what, chat)
+    sampling = sampling_config(sampling, **settings)
+    sampling.check()
+    ids = check_prompt(model, tokenizer, prompt, sampling.max_new_tokens, what, chat)
     warn_unseen(tokenizer, prompt, what, warn)
-    device = model_device(model)
+    samples = _Samples(tokenizer, ids, sampling.num_samples, on_text)
+    rows = torch.tensor([ids] * sampling.num_samples, dtype=torch.long, device=model_device(model))
+    stop = (tokenizer.specials.stop if tokenizer.foreign else None) or None
+    generator, s = _generator(model_device(model), sampling.seed), sampling
+    if draft is None:
+        generate_ids(model, rows, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator, stop,
+                     on_step=samples.step)
+        return samples.done()
+    for k in range(s.num_samples):  # one text at a time: each accepts its own number of draft tokens per round
+        speculative_ids(model, draft, rows[k:k + 1], s.max_new_tokens, s.draft_tokens, s.temperature, s.top_k,
+                        s.top_p, generator, stop, on_step=lambda step, tokens, k=k: samples.step(step, tokens, k))
+    return samples.done()
+
+
+def _generator(device, seed: int | None) -> torch.Generator:
+    """The sampler's own random numbers: from ``seed``, or a fresh seed when None."""
     generator = torch.Generator(device)
     if seed is None:
         generator.seed()
     else:
         generator.manual_seed(seed)
-    head = render(tokenizer, ids)
+    return generator
 
-    def continuation(new: list[int]) -> str:
-        text = render(tokenizer, ids + new)
-        return text[len(head):] if text.startswith(head) else render(tokenizer, new)
 
-    new: list[list[int]] = [[] for _ in range(num_samples)]
-    shown = [""] * num_samples
+class _Samples:
+    """The samples' token ids as they grow, and their text: handed on as it grows to ``on_text(sample,
+    text)``, if given, decoded whole each time so that SentencePiece's word boundaries come out as in
+    the final text."""
 
-    def show(final: bool = False) -> None:
-        for k, row in enumerate(new):
-            text = continuation(row)
+    def __init__(self, tokenizer: Tokenizer, ids: list[int], count: int,
+                 on_text: Callable[[int, str], None] | None):
+        self.tokenizer, self.ids, self.on_text = tokenizer, ids, on_text
+        self.head = render(tokenizer, ids)
+        self.new: list[list[int]] = [[] for _ in range(count)]
+        self.shown = [""] * count
+
+    def continuation(self, new: list[int]) -> str:
+        text = render(self.tokenizer, self.ids + new)
+        return text[len(self.head):] if text.startswith(self.head) else render(self.tokenizer, new)
+
+    def step(self, step: int, tokens: torch.Tensor, sample: int | None = None) -> None:
+        """The step's new tokens: one per sample, or the one of ``sample`` alone (speculative decoding)."""
+        rows = self.new if sample is None else [self.new[sample]]
+        for row, token in zip(rows, tokens.tolist()):
+            row.append(token)
+        if self.on_text is not None:
+            self.show()
+
+    def show(self, final: bool = False) -> None:
+        for k, row in enumerate(self.new):
+            text = self.continuation(row)
             # a character whose bytes are split over tokens (byte-level BPE) decodes as U+FFFD
             # until its last byte comes: held back until then, or until the text is done
             text = text if final else text.rstrip("\ufffd")
-            if text.startswith(shown[k]) and len(text) > len(shown[k]):
-                on_text(k, text[len(shown[k]):])
-                shown[k] = text
+            if text.startswith(self.shown[k]) and len(text) > len(self.shown[k]):
+                self.on_text(k, text[len(self.shown[k]):])
+                self.shown[k] = text
 
-    def on_step(step: int, tokens: torch.Tensor, rows: list[list[int]] = new) -> None:
-        for row, token in zip(rows, tokens.tolist()):
-            row.append(token)
-        if on_text is not None:
-            show()
-
-    def done() -> list[str]:
-        if on_text is not None:
-            show(final=True)
-        return [continuation(row) for row in new]
-
-    rows = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
-    stop = (tokenizer.specials.stop if tokenizer.foreign else None) or None
-    if draft is None:
-        generate_ids(model, rows, max_new_tokens, temperature, top_k, top_p, generator, stop, on_step=on_step)
-        return done()
-    for k in range(num_samples):  # one text at a time: each accepts its own number of draft tokens per round
-        speculative_ids(model, draft, rows[k:k + 1], max_new_tokens, draft_tokens, temperature, top_k, top_p,
-                        generator, stop, on_step=lambda step, tokens, k=k: on_step(step, tokens, [new[k]]))
-    return done()
+    def done(self) -> list[str]:
+        if self.on_text is not None:
+            self.show(final=True)
+        return [self.continuation(row) for row in self.new]
 
 
 def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_tokenizer: Tokenizer) -> None:
@@ -376,22 +398,22 @@ def check_draft_vocabulary(model: str, tokenizer: Tokenizer, draft: str, draft_t
                         f"the target's tokenizer")
 
 
-def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = None, max_new_tokens: int = 200,
-                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                num_samples: int = 1, device: str = "cpu", warn=None, chat: bool = False, draft: str | None = None,
-                draft_tokens: int = 4) -> None:
+def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = None,
+                sampling: SamplingConfig | None = None, device: str = "cpu", warn=None, chat: bool = False,
+                draft: str | None = None) -> None:
     """`atencion generate`: write to ``out`` the prompt, its continuation by the model directory
     ``model`` and a line break. One sample is written as it is generated (flushed when ``out``
     is a terminal); several are drawn together and written when done. With ``input`` each line of
-    that file is a prompt, sampled with the same ``seed``. When ``input`` or ``num_samples`` above
-    1 is given, each text starts with a header line: '--- sample K ---', '--- line N ---' or
-    '--- line N, sample K ---'. With ``draft``, a model directory with the same tokenizer, the
-    text comes by speculative decoding (``generate_text``), ``draft_tokens`` proposed per round.
-    The settings and every prompt are checked before anything is written. ``warn(message)`` hears
-    of bytes of ``input`` that are not UTF-8 (replaced) and, once, of characters a character
-    vocabulary lacks (read as ``<unk>``). ``chat``: each prompt is the user's turn through the
-    tokenizer's chat template (``warn`` hears when it has none: plain text)."""
-    check_sampling(temperature, top_k, top_p)
+    that file is a prompt, sampled with the same seed. When ``input`` or more than one sample is
+    asked for (``sampling``, a SamplingConfig), each text starts with a header line: '--- sample K
+    ---', '--- line N ---' or '--- line N, sample K ---'. With ``draft``, a model directory with
+    the same tokenizer, the text comes by speculative decoding (``generate_text``). The settings
+    and every prompt are checked before anything is written. ``warn(message)`` hears of bytes of
+    ``input`` that are not UTF-8 (replaced) and, once, of characters a character vocabulary lacks
+    (read as ``<unk>``). ``chat``: each prompt is the user's turn through the tokenizer's chat
+    template (``warn`` hears when it has none: plain text)."""
+    sampling = sampling or SamplingConfig()
+    sampling.check()
     if input:
         need_file(input, "--input")
     loaded, tokenizer = load_model_dir(model, device)
@@ -399,18 +421,10 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
     if chat and tokenizer.chat_template is None:
         (warn or log.warning)(f"--chat: {model} has no chat template (tokenizer_config.json or chat_template.jinja); "
                               f"the prompt is read as plain text")
-    drafting = None
-    if draft is not None:
-        drafting, draft_tokenizer = load_model_dir(draft, device, what="--draft")
-        check_draft_vocabulary(model, tokenizer, draft, draft_tokenizer)
-        check_draft(loaded, drafting, draft_tokens)
-    if input:
-        lines = read_lines(input, allow_empty=True, errors="replace", warn=warn)
-        prompts = [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
-    else:
-        prompts = [(prompt, "--prompt")]
+    drafting = None if draft is None else _draft_model(model, tokenizer, loaded, draft, device, sampling)
+    prompts = _prompts(prompt, input, warn)
     for text, what in prompts:
-        check_prompt(loaded, tokenizer, text, max_new_tokens, what, chat)
+        check_prompt(loaded, tokenizer, text, sampling.max_new_tokens, what, chat)
     warn_unseen(tokenizer, [text for text, _ in prompts] if input else prompt, input or "--prompt", warn)
     live = out.isatty()
 
@@ -420,17 +434,31 @@ def generate_to(out: TextIO, model: str, prompt: str = "", input: str | None = N
             out.flush()
 
     for number, (text, what) in enumerate(prompts, start=1):
-        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, num_samples=num_samples, what=what, warn=_told, chat=chat, draft=drafting,
-                        draft_tokens=draft_tokens)
-        if num_samples == 1:
+        settings = dict(what=what, warn=_told, chat=chat, draft=drafting)
+        if sampling.num_samples == 1:
             out.write(f"--- line {number} ---\n{text}" if input else text)
-            generate_text(loaded, tokenizer, text, on_text=show, **sampling)
+            generate_text(loaded, tokenizer, text, sampling, on_text=show, **settings)
             show(0, "\n")
             continue
-        for k, sample in enumerate(generate_text(loaded, tokenizer, text, **sampling), start=1):
+        for k, sample in enumerate(generate_text(loaded, tokenizer, text, sampling, **settings), start=1):
             header = f"--- line {number}, sample {k} ---" if input else f"--- sample {k} ---"
             show(k, f"{header}\n{text}{sample}\n")
+
+
+def _draft_model(model: str, tokenizer: Tokenizer, loaded, draft: str, device: str, sampling: SamplingConfig):
+    """The draft model directory ``draft``, loaded and checked against ``model`` (vocabulary, shape)."""
+    drafting, draft_tokenizer = load_model_dir(draft, device, what="--draft")
+    check_draft_vocabulary(model, tokenizer, draft, draft_tokenizer)
+    check_draft(loaded, drafting, sampling.draft_tokens)
+    return drafting
+
+
+def _prompts(prompt: str, input: str | None, warn) -> list[tuple[str, str]]:
+    """The prompts and how messages name each: ``prompt``, or each line of the file ``input``."""
+    if not input:
+        return [(prompt, "--prompt")]
+    lines = read_lines(input, allow_empty=True, errors="replace", warn=warn)
+    return [(line, f"--input line {number}") for number, line in enumerate(lines, start=1)]
 
 
 def _told(message: str) -> None:
@@ -470,8 +498,80 @@ def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
         warn))
 
 
+# the command: `atencion generate` -----------------------------------------------------------------
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a decoder-only language model (arch decoder), "
+                                                   "atencion's or a Hugging Face one")
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt", default="", help="text to continue (default: none; the model starts a new line)")
+    prompts.add_argument("--input", help="a file of prompts, one a line: one generation per line")
+    p.add_argument("--max-new-tokens", type=bounded(int, 1, highest=1_000_000), default=200,
+                   help="tokens generated per sample (default: 200)")
+    p.add_argument("--temperature", type=NON_NEGATIVE, default=1.0,
+                   help="divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: 1)")
+    p.add_argument("--top-k", type=COUNT, default=0,
+                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
+    p.add_argument("--top-p", type=bounded(float, 0.0, inclusive=False, highest=1.0), default=1.0,
+                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
+                        "in (0, 1]; 1: off (default: 1)")
+    p.add_argument("--seed", type=bounded(int, 0, highest=2**63 - 1),
+                   help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
+    p.add_argument("--num-samples", type=bounded(int, 1, highest=1000), default=1,
+                   help="samples per prompt, drawn together as one batch (default: 1)")
+    p.add_argument("--chat", action="store_true",
+                   help="an instruct model: the prompt is the user's turn, written through the chat template of "
+                        "its Hugging Face tokenizer (plain text when it has none)")
+    p.add_argument("--draft", metavar="DIR",
+                   help="speculative decoding: a small model directory with the same tokenizer proposes tokens "
+                        "that --model verifies, several per pass; the text comes from --model's own distribution "
+                        "(greedy: the same text), faster when the draft often agrees (default: off)")
+    p.add_argument("--draft-tokens", type=bounded(int, 1, highest=64),
+                   help=f"with --draft: tokens the draft proposes per round (default: {DRAFT_TOKENS})")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    """Continue a prompt with a decoder-only language model (a GPT) and print the prompt, its
+    continuation and a line break. One sample is printed token by token as it is generated (flushed
+    at once on a terminal); several (--num-samples) are drawn together and printed when done. With
+    --input each line of the file is a prompt, sampled with the same --seed. When --input or
+    --num-samples above 1 is given, each text starts with a header line: '--- sample K ---',
+    '--- line N ---' or '--- line N, sample K ---'. Every prompt is checked (length against the
+    model's learned positions) before anything is generated. With --draft, speculative decoding
+    (Leviathan et al. 2023): --verbose logs its acceptance rate and tokens/s on stderr."""
+    draft_tokens = draft_tokens_of(args)  # before the model is read
+    sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                              args.num_samples, draft_tokens or DRAFT_TOKENS)
+    generate_to(sys.stdout, args.model, args.prompt, args.input, sampling, args.device, warn=warner("generate"),
+                chat=args.chat, draft=args.draft)
+
+
+COMMAND = Command("generate", "continue a prompt with a language model (GPT), streamed",
+                  add_generate_arguments, cmd_generate)
+
+
+def check_lm_config(cfg, source: str) -> None:
+    """Text or token files (data.train_text or data.train_tokens), each validated by its own kind."""
+    d = cfg.data
+    if d.train_tokens is not None and d.train_text is not None:
+        raise AtencionError(f"{source}: give data.train_text or data.train_tokens, not both")
+    if d.valid_tokens is not None and d.train_tokens is None:
+        raise AtencionError(f"{source}: data.valid_tokens goes with data.train_tokens (text validates with "
+                            f"data.valid_text)")
+
+
+def block_positions(cfg) -> tuple[int, str]:
+    """A language model's longest sequence: one block."""
+    return cfg.data.block_size, "data.block_size"
+
+
 SPEC = register_task(TaskSpec(
     name="lm", kind="a language model (arch decoder)", preset="gpt-tiny", archs=("decoder",), metric="loss",
     label_smoothing=0.0, training=LMTask, use="generate", needs="a decoder-only model (arch decoder)",
     can=can_generate, evaluate=evaluate_lm_dir, evaluate_options=("text", "block_size"),
-    evaluate_required=("text",)))
+    evaluate_required=("text",),
+    command=COMMAND,
+    data_keys=(*TOKENIZER_KEYS, "train_text", "valid_text", "valid_fraction", "train_tokens", "valid_tokens",
+               "tokenizer_dir", "block_size"),
+    check_config=check_lm_config, longest=block_positions))

@@ -4,8 +4,10 @@ sentences beside a most-frequent-token baseline (``evaluate_mlm``)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
+import sys
 from collections import Counter
 from typing import Any
 
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..arguments import Command, bounded, warner
 from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import mask_tokens
@@ -21,6 +24,7 @@ from ..errors import AtencionError, Diverged
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
 from .base import (
+    TOKENIZER_KEYS,
     Task,
     TaskBatch,
     TaskSpec,
@@ -32,6 +36,7 @@ from .base import (
     pad_rows,
     register_task,
     sentence_ids,
+    sentence_positions,
     warn_unseen,
 )
 from .lm import refuse_empty_tail, text_splits
@@ -291,8 +296,37 @@ def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
         what=path, warn=warn))
 
 
+# the command: `atencion fill-mask` ----------------------------------------------------------------
+
+def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory of a masked language model (arch encoder, "
+                                                   "a vocabulary with <mask>)")
+    p.add_argument("--text", required=True, help='text with one or more <mask>, e.g. "the <mask> sat on the mat"')
+    p.add_argument("--top-k", type=bounded(int, 1, highest=1000), default=5, help="tokens shown per mask (default: 5)")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object: {"text", "masks": [[{"token", "probability"}, ...], ...]}')
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
+
+
+def cmd_fill_mask(args: argparse.Namespace) -> None:
+    """Predict the token at each <mask> of --text with a masked language model (a BERT): for each
+    mask, in order, the --top-k most likely tokens with their probabilities, most likely first. The
+    masks are predicted at once, each seeing the others as <mask>. A SentencePiece token is shown in
+    quotes with its word-start mark as a leading space: " cat" starts a word, "ing" goes on with the
+    word before it."""
+    sys.stdout.write(fill_mask_text(args.model, args.text, args.top_k, args.json, args.device,
+                                    warn=warner("fill-mask")))
+
+
+COMMAND = Command("fill-mask", "predict the tokens at <mask> with a masked language model (BERT)",
+                  add_fill_mask_arguments, cmd_fill_mask)
+
+
 SPEC = register_task(TaskSpec(
     name="mlm", kind="a masked language model (arch encoder)", preset="bert-tiny", archs=("encoder",),
     metric="loss", label_smoothing=0.0, training=MLMTask, use="fill-mask",
     needs="an encoder (arch encoder) whose vocabulary has <mask> (task mlm)", can=can_fill_mask,
-    evaluate=evaluate_mlm_dir, evaluate_options=("text",), evaluate_required=("text",)))
+    evaluate=evaluate_mlm_dir, evaluate_options=("text",), evaluate_required=("text",),
+    command=COMMAND,
+    data_keys=(*TOKENIZER_KEYS, "train_text", "valid_text", "valid_fraction", "mask_probability", "max_len"),
+    longest=sentence_positions))

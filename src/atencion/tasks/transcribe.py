@@ -9,6 +9,7 @@ greedy or beam search) and is scored the same way (``evaluate_transcriber``)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..arguments import COUNT, POSITIVE, Command, add_decoding_arguments, decode_config_of, warner
 from ..config import TWO_STACKS
 from ..data.batching import shift_targets, token_batches
 from ..data.corpus import CorpusError, read_lines
@@ -29,7 +31,7 @@ from ..evaluate import score
 from ..fileio import atomic_write, need_file, need_output_file
 from ..nn.inputs import INPUTS, input_kind, read_inputs
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, check_model, evaluate_file, register_task
+from .base import TOKENIZER_KEYS, Task, TaskBatch, TaskSpec, check_model, evaluate_file, register_task, target_positions
 from .translate import format_translations, seq2seq_loss, seq2seq_valid_loss
 
 log = logging.getLogger(__name__)
@@ -226,9 +228,39 @@ def evaluate_transcriber(model: str, options: dict[str, Any], warn=None) -> dict
     return evaluate_file(model, options, "tsv", score_file)
 
 
+# the command: `atencion transcribe` ---------------------------------------------------------------
+
+def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
+    add_decoding_arguments(p, text=False)
+    p.add_argument("--input", help="WAV files, one path a line, relative to this file's folder (default: stdin, "
+                                   "paths relative to the current directory)")
+    p.add_argument("--output", help="output file (default: stdout); written atomically")
+    p.add_argument("--nbest", type=POSITIVE, default=1,
+                   help="print the N best transcripts as 'LINE ||| TEXT ||| SCORE' (default: 1)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
+
+
+def cmd_transcribe(args: argparse.Namespace) -> None:
+    """Write the text of each WAV file named on --input (default stdin), one path a line, one line
+    out per line in, with a speech-to-text model (task transcribe). A WAV file is PCM (8, 16, 24 or
+    32 bits, mono or more channels, averaged), at any rate: it is resampled to 16 kHz. Every file is
+    read before any is decoded: an empty line, or a missing, empty, corrupt or non-WAV file, stops
+    the command, naming its line and the file, with nothing written."""
+    text = transcribe_file(args.model, args.input, args.output, decode_config_of(args), args.nbest, args.device,
+                           args.int8, args.threads, warn=warner("transcribe"))
+    if text is not None:
+        sys.stdout.write(text)
+
+
+COMMAND = Command("transcribe", "write the text of WAV files with a speech-to-text model",
+                  add_transcribe_arguments, cmd_transcribe)
+
+
 SPEC = register_task(TaskSpec(
     name="transcribe", kind="a speech-to-text model (an encoder-decoder reading recordings)", preset="whisper-tiny",
     archs=("encoder-decoder",), metric="exact_match", label_smoothing=0.1, training=TranscribeTask,
     use="transcribe", needs="a speech-to-text model (task transcribe)", can=can_transcribe,
     evaluate=evaluate_transcriber, evaluate_options=("tsv",), evaluate_required=("tsv",),
-    metrics=("exact_match", "bleu", "chrf")))
+    metrics=("exact_match", "bleu", "chrf"),
+    command=COMMAND,
+    data_keys=(*TOKENIZER_KEYS, "train_tsv", "valid_tsv", "max_len"), longest=target_positions))

@@ -4,6 +4,7 @@ decode/) and is scored by BLEU and chrF (``evaluate_translator``, evaluate.py)."
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..arguments import COUNT, POSITIVE, Command, add_decoding_arguments, decode_config_of, warner
 from ..config import TWO_STACKS
 from ..data.batching import collate, token_batches
 from ..data.corpus import read_lines, read_parallel
@@ -24,7 +26,17 @@ from ..evaluate import evaluate, score
 from ..fileio import atomic_write, need_file, need_output_file
 from ..nn.inputs import reads_tokens
 from ..nn.model_dir import load_model_dir
-from .base import Task, TaskBatch, TaskSpec, check_model, flag, register_task, valid_result
+from .base import (
+    TOKENIZER_KEYS,
+    Task,
+    TaskBatch,
+    TaskSpec,
+    check_model,
+    flag,
+    register_task,
+    target_positions,
+    valid_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +219,42 @@ def evaluate_translator(model: str, options: dict[str, Any], warn=None) -> dict:
                     int8=options.get("int8", False), max_src_tokens=options.get("max_input_tokens", 0))
 
 
+# the command: `atencion translate` ----------------------------------------------------------------
+
+def add_translate_arguments(p: argparse.ArgumentParser) -> None:
+    add_decoding_arguments(p)
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--output", help="output file (default: stdout); written atomically")
+    p.add_argument("--nbest", type=POSITIVE, default=1,
+                   help="print the N best translations as 'LINE ||| TEXT ||| SCORE' (default: 1)")
+    p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    """Translate lines from --input (default stdin) to --output (default stdout), one line out per line in."""
+    text = translate_file(args.model, args.input, args.output, decode_config_of(args), args.nbest,
+                          args.max_input_tokens, args.device, args.int8, args.threads, warn=warner("translate"))
+    if text is not None:
+        sys.stdout.write(text)
+
+
+COMMAND = Command("translate", "translate text with a trained model", add_translate_arguments, cmd_translate)
+
+
+def check_translate_config(cfg, source: str) -> None:
+    """A translator's vocabularies are SentencePiece's or subword-nmt's (data.tokenizer)."""
+    if cfg.data.tokenizer not in ("sentencepiece", "subword-nmt"):
+        raise AtencionError(f"{source}: data.tokenizer: {cfg.data.tokenizer} is for the single-stack tasks (lm, mlm, "
+                            f"classify)")
+
+
 SPEC = register_task(TaskSpec(
     name="translate", kind="a translator (arch encoder-decoder or rnn)", preset="tiny",
     archs=("encoder-decoder", "rnn"), metric="bleu", label_smoothing=0.1, training=TranslateTask,
     use="translate", needs="a translator (arch encoder-decoder or rnn)", can=can_translate,
     evaluate=evaluate_translator, evaluate_options=("src", "ref", "output", "raw_ref", "recase_from", "lang"),
-    evaluate_required=("src", "ref"), metrics=("bleu",)))
+    evaluate_required=("src", "ref"), metrics=("bleu",),
+    command=COMMAND,
+    data_keys=(*TOKENIZER_KEYS, "train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv",
+               "empty_lines", "max_len", "joint"),
+    check_config=check_translate_config, longest=target_positions))

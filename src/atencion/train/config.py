@@ -23,7 +23,7 @@ from ..nn.lora import LoraSpec
 from ..nn.positional import position_limit
 from ..nn.prefix import spec_from_config
 from ..tasks import TASKS
-from ..tasks.contrastive import tower_configs
+from ..tasks.base import TaskSpec
 
 
 @dataclass
@@ -128,46 +128,50 @@ class TrainConfig:
                      start: ModelConfig | None = None) -> ModelConfig:
         """The run's model: the model section's over these vocabularies, or train.init_from's (``start``) re-headed."""
         task_values = task_values or {}  # what the data decides (a classifier's labels)
-        if start is None:  # a new model: the model section over the task's preset (or its input kind's)
-            values = {**self.model, **task_values}
-            named = input_kind_named(values.get("inputs"))
-            default = TASKS[self.task].preset if named is None or named.tokens else named.preset
-            preset = values.pop("preset", None if self.train.init_from else default)
-            base = PRESETS.get(preset, {})
-            kind = input_kind_named(values.get("inputs", base.get("inputs")))  # the section's, else its preset's
-            tokens = kind is None or kind.tokens
-            arch = values.get("arch", base.get("arch", "encoder-decoder") if preset in PRESETS else None)
-            if self.task == "classify" and "pooling" not in values and arch == "decoder":
-                values["pooling"] = "last"
-            values["vocab_size"] = vocab_size if tokens else 0  # images, sounds: no vocabulary
-            if not tokens and arch in TWO_STACKS:  # the decoder's vocabulary is the run's only one
-                tgt_vocab_size = tgt_vocab_size or vocab_size
-            if tgt_vocab_size is not None and tgt_vocab_size != values["vocab_size"]:
-                values["tgt_vocab_size"] = tgt_vocab_size
-                values.setdefault("share_embeddings", False)
-            if preset is None:
-                return ModelConfig.from_dict(values, source=None)
-            return ModelConfig.preset(preset, **values)
-        # a model started from train.init_from (``start``): its shape and vocabularies (its tokenizer's), with the
-        # dropout and the head the config and the task ask for
+        if start is None:
+            return self._new_model(vocab_size, tgt_vocab_size, task_values)
+        return self._started_model(start, task_values)
+
+    def _new_model(self, vocab_size: int, tgt_vocab_size: int | None, task_values: dict[str, Any]) -> ModelConfig:
+        """A new model: the model section over the task's preset (or its input kind's), with what the
+        task adds to a model of its arch (``TaskSpec.model_defaults``)."""
+        values = {**self.model, **task_values}
+        preset = values.pop("preset", None if self.train.init_from else self._default_preset(values))
+        base = PRESETS.get(preset, {})
+        kind = input_kind_named(values.get("inputs", base.get("inputs")))  # the section's, else its preset's
+        tokens = kind is None or kind.tokens
+        arch = values.get("arch", base.get("arch", "encoder-decoder") if preset in PRESETS else None)
+        for key, value in TASKS[self.task].model_defaults.get(arch, {}).items():
+            values.setdefault(key, value)
+        values["vocab_size"] = vocab_size if tokens else 0  # images, sounds: no vocabulary
+        if not tokens and arch in TWO_STACKS:  # the decoder's vocabulary is the run's only one
+            tgt_vocab_size = tgt_vocab_size or vocab_size
+        if tgt_vocab_size is not None and tgt_vocab_size != values["vocab_size"]:
+            values["tgt_vocab_size"] = tgt_vocab_size
+            values.setdefault("share_embeddings", False)
+        if preset is None:
+            return ModelConfig.from_dict(values, source=None)
+        return ModelConfig.preset(preset, **values)
+
+    def _default_preset(self, values: dict[str, Any]) -> str:
+        """The preset of a model section that names none: its input kind's (images, sounds), else the task's."""
+        named = input_kind_named(values.get("inputs"))
+        return TASKS[self.task].preset if named is None or named.tokens else named.preset
+
+    def _started_model(self, start: ModelConfig, task_values: dict[str, Any]) -> ModelConfig:
+        """A model started from train.init_from (``start``): its shape and vocabularies (its
+        tokenizer's), with the dropout and the head the config and the task ask for."""
         values = start.to_dict()
         where = f"train.init_from {self.train.init_from}"
-        if self.model:  # the config's model must be the one it starts from, but for dropout and the head
-            try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
-                given = (ModelConfig.from_dict({**values, **self.model}, source=None) if "preset" not in self.model
-                         else self.model_config(start.vocab_size, start.tgt_vocab_size, task_values))
-            except AtencionError as err:
-                raise AtencionError(f"{where}: model.{err}") from None
-            for key, value in given.to_dict().items():
-                if key not in INIT_FROM_KEYS | {"num_labels", "labels", "task"} and value != values[key]:
-                    raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; "
-                                        f"a model started from train.init_from keeps its shape (the model section "
-                                        f"may change {sorted(INIT_FROM_KEYS)})")
+        if self.model:
+            self._check_started_shape(start, task_values, where)
         values.update({key: value for key, value in self.model.items() if key in INIT_FROM_KEYS})
-        if self.task != "classify":
+        spec = TASKS[self.task]
+        if "num_labels" not in spec.stand_in:  # a task whose data decides no labels: no classification head
             values.update(num_labels=0, labels=None)
-        elif "pooling" not in self.model and start.arch == "decoder":
-            values["pooling"] = "last"
+        for key, value in spec.model_defaults.get(start.arch, {}).items():
+            if key not in self.model:
+                values[key] = value
         values.update(task_values)
         try:
             model_cfg = ModelConfig.from_dict(values, source=None)
@@ -176,10 +180,24 @@ class TrainConfig:
         check_task_model(self, model_cfg, where)
         return model_cfg
 
+    def _check_started_shape(self, start: ModelConfig, task_values: dict[str, Any], where: str) -> None:
+        """The config's model must be the one it starts from, but for dropout and the head."""
+        values = start.to_dict()
+        try:  # completed as config.json is (e.g. a partial moe mapping with its defaults)
+            given = (ModelConfig.from_dict({**values, **self.model}, source=None) if "preset" not in self.model
+                     else self.model_config(start.vocab_size, start.tgt_vocab_size, task_values))
+        except AtencionError as err:
+            raise AtencionError(f"{where}: model.{err}") from None
+        for key, value in given.to_dict().items():
+            if key not in INIT_FROM_KEYS | {"num_labels", "labels", "task"} and value != values[key]:
+                raise AtencionError(f"model.{key} is {value!r} in the config but {values[key]!r} in {where}; "
+                                    f"a model started from train.init_from keeps its shape (the model section "
+                                    f"may change {sorted(INIT_FROM_KEYS)})")
+
     def stand_in_values(self) -> dict[str, Any]:
         """What the task's data will decide about the model (``Task.model_values``), stood in for
-        before the data is read: the task, and a classifier's two labels."""
-        return {"task": self.task, **({"num_labels": 2} if self.task == "classify" else {})}
+        before the data is read: the task, and what its spec stands in (a classifier's two labels)."""
+        return {"task": self.task, **TASKS[self.task].stand_in}
 
     def model_inputs(self) -> dict[str, Any] | None:
         """What the model this run trains reads (``ModelConfig.inputs``; None: tokens), known
@@ -214,41 +232,53 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     source = "defaults"
     if path is not None:
         path = Path(path)
-        if path.is_dir():
-            raise AtencionError(f"{path}: is a directory; expected a YAML config file")
-        if not path.is_file():
-            raise MissingFileError(f"{path}: config file not found")
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            line = data[: err.start].count(b"\n") + 1
-            raise AtencionError(f"{path} line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x})") from None
-        raw = _yaml(text, str(path)) or {}
-        if not isinstance(raw, dict):
-            raise AtencionError(f"{path}: expected a mapping with sections model/data/train/decode")
-        source = str(path)
+        raw, source = _read_config(path), str(path)
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and key == "task":
-            raw["task"] = _yaml(value, f"--set {item!r}")
-            continue
-        if not sep or "." not in key:
-            raise AtencionError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
-        section, name = key.split(".", 1)
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raise AtencionError(f"{source}: section {section!r} must be a mapping")
-        target = raw[section]
-        if section in ("model", "train") and "." in name:  # inside a key's mapping: model.moe.experts=4
-            outer, name = name.split(".", 1)
-            if isinstance(target.get(outer), str):  # a kind by its bare name (inputs: patches): {kind: patches}
-                target[outer] = {"kind": target[outer]}
-            if not isinstance(target.get(outer), dict):
-                target[outer] = {}
-            target = target[outer]
-        target[name] = _yaml(value, f"--set {item!r}")
+        _override(raw, item, source)
     return _build(raw, source)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; a file that is missing, not UTF-8, not YAML or not a
+    mapping is refused in one line."""
+    if path.is_dir():
+        raise AtencionError(f"{path}: is a directory; expected a YAML config file")
+    if not path.is_file():
+        raise MissingFileError(f"{path}: config file not found")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise AtencionError(f"{path} line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x})") from None
+    raw = _yaml(text, str(path)) or {}
+    if not isinstance(raw, dict):
+        raise AtencionError(f"{path}: expected a mapping with sections model/data/train/decode")
+    return raw
+
+
+def _override(raw: dict[str, Any], item: str, source: str) -> None:
+    """Apply one ``--set`` override (``task=NAME`` or ``SECTION.KEY=VALUE``; ``model.moe.experts=4``
+    inside a key's mapping) to the raw config."""
+    key, sep, value = item.partition("=")
+    if sep and key == "task":
+        raw["task"] = _yaml(value, f"--set {item!r}")
+        return
+    if not sep or "." not in key:
+        raise AtencionError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
+    section, name = key.split(".", 1)
+    raw.setdefault(section, {})
+    if not isinstance(raw[section], dict):
+        raise AtencionError(f"{source}: section {section!r} must be a mapping")
+    target = raw[section]
+    if section in ("model", "train") and "." in name:  # inside a key's mapping: model.moe.experts=4
+        outer, name = name.split(".", 1)
+        if isinstance(target.get(outer), str):  # a kind by its bare name (inputs: patches): {kind: patches}
+            target[outer] = {"kind": target[outer]}
+        if not isinstance(target.get(outer), dict):
+            target[outer] = {}
+        target = target[outer]
+    target[name] = _yaml(value, f"--set {item!r}")
 
 
 def _yaml(text: str, where: str) -> Any:
@@ -275,39 +305,49 @@ def _build(raw: dict[str, Any], source: str) -> TrainConfig:
     unknown = sorted(set(raw) - {"task", "model", *SECTIONS})
     if unknown:
         raise AtencionError(f"{source}: unknown section(s) {unknown}; expected task, model, data, train, decode")
-    task = raw.get("task", "translate")
+    task = raw.get("task", TrainConfig.task)
     if task not in TASKS:
         raise AtencionError(f"{source}: task must be one of {list(TASKS)}, got {task!r}")
     model = raw.get("model") or {}
+    _check_model_section(TASKS[task], model, source)
+    sections = {name: _section(name, cls, raw.get(name), source) for name, cls in SECTIONS.items()}
+    cfg = TrainConfig(task=task, model=model, **sections)
+    _validate(cfg, source)
+    return cfg
+
+
+def _check_model_section(spec: TaskSpec, model: Any, source: str) -> None:
+    """The model section: a mapping of known model keys, or the one the task checks itself
+    (``TaskSpec.check_model_section``: contrastive's towers)."""
     if not isinstance(model, dict):
         raise AtencionError(f"{source}: section 'model' must be a mapping")
     _string_keys(model, f"{source}: section 'model'")
     if not isinstance(model.get("preset", ""), str):
         raise AtencionError(f"{source}: model.preset must be a preset name, got {model['preset']!r}")
+    if spec.check_model_section is not None:
+        spec.check_model_section(model, source)
+        return
     bad = sorted(set(model) - MODEL_KEYS)
-    if task == "contrastive":  # two towers, each its own model section (tasks/contrastive.py)
-
-        check_towers_section(model, source)
-    elif bad:
+    if bad:
         raise AtencionError(f"{source}: unknown key(s) model.{bad[0]}" + (f" (and {bad[1:]})" if bad[1:] else "")
-                         + f"; known model keys: {sorted(MODEL_KEYS)}")
-    sections = {}
-    for name, cls in SECTIONS.items():
-        values = raw.get(name) or {}
-        if not isinstance(values, dict):
-            raise AtencionError(f"{source}: section {name!r} must be a mapping")
-        _string_keys(values, f"{source}: section {name!r}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in values.items():
-            if key not in fields:
-                raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
-            if f"{name}.{key}" in YES_NO and isinstance(value, bool):  # YAML 1.1 reads yes and no as booleans
-                value = "yes" if value else "no"
-            values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
-        sections[name] = cls(**values)
-    cfg = TrainConfig(task=task, model=model, **sections)
-    _validate(cfg, source)
-    return cfg
+                            + f"; known model keys: {sorted(MODEL_KEYS)}")
+
+
+def _section(name: str, cls: type, values: Any, source: str) -> Any:
+    """Section ``name`` (data, train, decode) of the raw config as its dataclass ``cls``: known keys,
+    each value checked against its field's type."""
+    values = values or {}
+    if not isinstance(values, dict):
+        raise AtencionError(f"{source}: section {name!r} must be a mapping")
+    _string_keys(values, f"{source}: section {name!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key not in fields:
+            raise AtencionError(f"{source}: unknown key {name}.{key}; known keys in {name}: {sorted(fields)}")
+        if f"{name}.{key}" in YES_NO and isinstance(value, bool):  # YAML 1.1 reads yes and no as booleans
+            value = "yes" if value else "no"
+        values[key] = _coerce(f"{source}: {name}.{key}", value, fields[key])
+    return cls(**values)
 
 
 def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:
@@ -329,6 +369,11 @@ def _coerce(key: str, value: Any, f: dataclasses.Field) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
             raise AtencionError(f"{key}: expected a list of {len(default)} numbers, got {value!r}")
         return tuple(_number(key, v, integer=False) for v in value)
+    return _coerce_scalar(key, value, default, kind)
+
+
+def _coerce_scalar(key: str, value: Any, default: Any, kind: str) -> Any:
+    """A boolean, a number or a string, as the field's default and type (``kind``) say."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise AtencionError(f"{key}: expected true or false, got {value!r}")
@@ -359,6 +404,20 @@ RANGES = {
 
 
 def _validate(cfg: TrainConfig, source: str) -> None:
+    """Refuse, in one line naming ``source``, a config that cannot train: each check in turn, then
+    the task's own (``TaskSpec.check_config``) and the model the config describes."""
+    for check in (_check_choices, _check_ranges, _check_settings, _check_vocabularies, _check_data_keys,
+                  _check_adapters):
+        check(cfg, source)
+    spec = TASKS[cfg.task]
+    if spec.check_config is not None:
+        spec.check_config(cfg, source)
+    if spec.check_model_section is None and cfg.train.init_from is None:
+        # (a model of train.init_from is checked against the model section when it is read)
+        _check_model(cfg, source)
+
+
+def _check_choices(cfg: TrainConfig, source: str) -> None:
     d, t = cfg.data, cfg.train
     choices = [("data.empty_lines", d.empty_lines, ("skip", "error")),
                ("data.model_type", d.model_type, ("bpe", "unigram")),
@@ -372,12 +431,17 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     for key, value, allowed in choices:
         if value not in allowed:
             raise AtencionError(f"{source}: {key} must be one of {list(allowed)}, got {value!r}")
+
+
+def _check_ranges(cfg: TrainConfig, source: str) -> None:
+    """Every number within its range: RANGES' lowest values, and the shares and Adam's betas below 1."""
     for key, (lowest, inclusive) in RANGES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value is not None and (value < lowest or (value == lowest and not inclusive)):
             bound = f">= {lowest}" if inclusive else f"> {lowest}"
             raise AtencionError(f"{source}: {key} must be {bound}, got {value}")
+    d, t = cfg.data, cfg.train
     upper = [("data.character_coverage", d.character_coverage, 1.0, True),
              ("train.label_smoothing", cfg.label_smoothing, 1.0, False),
              ("data.valid_fraction", d.valid_fraction, 1.0, False),
@@ -387,35 +451,60 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if value > highest or (value == highest and not inclusive) or value < 0:
             bound = f"in [0, {highest}]" if inclusive else f"in [0, {highest})"
             raise AtencionError(f"{source}: {key} must be {bound}, got {value}")
+
+
+def _check_settings(cfg: TrainConfig, source: str) -> None:
+    """The device, the metric early stopping watches (one the task measures), the schedule's end."""
+    t = cfg.train
     if not (t.device == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", t.device)):
         raise AtencionError(f"{source}: train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}")
-    if not d.joint and cfg.model.get("share_embeddings") is True:
-        raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
     if cfg.early_stop_metric not in ("loss", *TASKS[cfg.task].metrics):
         raise AtencionError(f"{source}: train.early_stop_metric {cfg.early_stop_metric!r} is not measured by "
                             f"task {cfg.task!r}; use {TASKS[cfg.task].metric!r}")
-    for key, does in (("shift", "moves"), ("rotate", "turns")):
-        if getattr(d, key) and cfg.task != "classify":
-            raise AtencionError(f"{source}: data.{key} {does} the images a classifier trains on; task {cfg.task!r} "
-                                f"reads none: set data.{key}: 0")
     if t.schedule == "cosine" and not t.max_steps:
         raise AtencionError(f"{source}: train.schedule cosine decays to train.lr_min at train.max_steps; "
                             f"set train.max_steps")
-    if cfg.task != "translate" and d.tokenizer == "sentencepiece" and not d.joint:
-        raise AtencionError(f"{source}: data.joint: false is for translation; task {cfg.task!r} has one vocabulary")
-    if cfg.task == "translate" and d.tokenizer not in ("sentencepiece", "subword-nmt"):
-        raise AtencionError(f"{source}: data.tokenizer: {d.tokenizer} is for the single-stack tasks (lm, mlm, "
-                            f"classify)")
+
+
+def _check_vocabularies(cfg: TrainConfig, source: str) -> None:
+    """Shared embeddings and subword-nmt need one joint vocabulary."""
+    d = cfg.data
+    if not d.joint and cfg.model.get("share_embeddings") is True:
+        raise AtencionError(f"{source}: model.share_embeddings: true needs data.joint: true (one vocabulary)")
     if d.tokenizer == "subword-nmt" and not d.joint:
         raise AtencionError(f"{source}: data.tokenizer: subword-nmt learns one joint vocabulary; set data.joint: true")
-    if (d.train_tokens is not None or d.valid_tokens is not None or d.tokenizer_dir is not None) \
-            and cfg.task != "lm":
-        raise AtencionError(f"{source}: data.train_tokens, data.valid_tokens and data.tokenizer_dir are for task lm")
-    if d.train_tokens is not None and d.train_text is not None:
-        raise AtencionError(f"{source}: give data.train_text or data.train_tokens, not both")
-    if d.valid_tokens is not None and d.train_tokens is None:
-        raise AtencionError(f"{source}: data.valid_tokens goes with data.train_tokens (text validates with "
-                            f"data.valid_text)")
+
+
+# data keys refused in words of their own when the task does not read them (the others: "is for task ...")
+UNREAD = {key: f"data.{key} {does} the images a classifier trains on; task {{task!r}} reads none: set data.{key}: 0"
+          for key, does in (("shift", "moves"), ("rotate", "turns"))}
+
+
+def _check_data_keys(cfg: TrainConfig, source: str) -> None:
+    """Refuse a data key that the task does not read (``TaskSpec.data_keys``) given a value other
+    than its default, naming the tasks that read it. (A key at its default is not refused: a run's
+    config.yaml, written whole, trains again.)"""
+    readers = TASKS[cfg.task].data_keys
+    defaults = DataConfig()
+    for f in dataclasses.fields(DataConfig):
+        key = f.name
+        if key in readers or getattr(cfg.data, key) == getattr(defaults, key):
+            continue
+        if key in UNREAD:
+            raise AtencionError(f"{source}: " + UNREAD[key].format(task=cfg.task))
+        tasks = [name for name, spec in TASKS.items() if key in spec.data_keys]
+        named = f"task{'s' if len(tasks) > 1 else ''} {_and(tasks)}" if tasks else "no task"
+        raise AtencionError(f"{source}: data.{key} is for {named}; task {cfg.task!r} does not read it: leave it out")
+
+
+def _and(names: list[str]) -> str:
+    """``names`` in words: "lm", "lm and mlm", "translate, classify and transcribe"."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def _check_adapters(cfg: TrainConfig, source: str) -> None:
+    """train.lora, train.prefix, train.prompt: one at most, well formed, over train.init_from, under ddp."""
+    t = cfg.train
     adapters = [key for key in ADAPTER_KEYS if getattr(t, key) is not None]
     if len(adapters) > 1:
         raise AtencionError(f"{source}: train.{adapters[0]} and train.{adapters[1]} are given; a run adapts a "
@@ -430,29 +519,18 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if t.distributed == "fsdp":
             raise AtencionError(f"{source}: train.{key} trains under train.distributed ddp only (its adapters are "
                                 f"small: sharding them saves little)")
-    if cfg.task == "contrastive":  # each tower's section, checked now as a model section is (tasks/contrastive.py)
 
-        if t.init_from is not None or adapters:
-            raise AtencionError(f"{source}: task contrastive trains new towers; train.init_from, train.lora, "
-                                f"train.prefix and train.prompt are for the single-model tasks")
-        if t.distributed != "ddp" or t.activation_checkpointing:
-            raise AtencionError(f"{source}: task contrastive trains in one process (its own loop, "
-                                f"train/towers.py); train.distributed fsdp and train.activation_checkpointing are "
-                                f"for the single-model tasks")
-        try:
-            tower_configs(cfg)
-        except AtencionError as err:
-            raise AtencionError(f"{source}: {err}") from None
-        return
-    if t.init_from is not None:
-        return  # the model is the one in init_from, checked against the model section when it is read
-    try:  # the model section, checked now with a stand-in vocabulary: before anything is written
+
+def _check_model(cfg: TrainConfig, source: str) -> None:
+    """The model section, checked now with a stand-in vocabulary: before anything is written."""
+    d = cfg.data
+    try:
         built = cfg.model_config(d.vocab_size, None if d.joint else d.vocab_size, cfg.stand_in_values())
     except AtencionError as err:
         raise AtencionError(f"{source}: model.{err}") from None
     check_task_model(cfg, built, source)
     check_model_fits(cfg, built, source, vocabulary=False)  # again with the tokenizer's, before the model is built
-    if t.activation_checkpointing and built.arch == "rnn":
+    if cfg.train.activation_checkpointing and built.arch == "rnn":
         raise AtencionError(f"{source}: train.activation_checkpointing recomputes Transformer blocks; arch rnn has "
                             f"none")
 
@@ -492,17 +570,17 @@ def _training_memory(t) -> tuple[int | None, str]:
 def check_task_model(cfg: TrainConfig, model: ModelConfig, source: str, virtual: int = 0) -> None:
     """The model must be one the task can train: its arch, and positions long enough for the data
     (and for the ``virtual`` places before it: train.prefix, train.prompt)."""
-    archs = TASKS[cfg.task].archs
+    spec = TASKS[cfg.task]
+    archs = spec.archs
     if model.arch not in archs:
         raise AtencionError(f"{source}: model.arch {model.arch!r} cannot be trained by task {cfg.task!r}, which "
                             f"takes arch {' or '.join(archs)} (the config's task: key chooses "
                             f"{', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]})")
     limit = position_limit(model)  # None: no table to run out of (relative kinds, sinusoids, an RNN)
     # an encoder of another kind: its length is its settings' (checked in ModelConfig); a decoder still writes tokens
-    if limit is None or not (input_kind(model).tokens or model.arch in TWO_STACKS):
+    if limit is None or spec.longest is None or not (input_kind(model).tokens or model.arch in TWO_STACKS):
         return
-    longest, key = ((cfg.data.block_size, "data.block_size") if cfg.task == "lm"
-                    else (cfg.data.max_len + (1 if cfg.task in ("translate", "transcribe") else 2), "data.max_len"))
+    longest, key = spec.longest(cfg)  # the longest sequence its data gives
     if longest + virtual > limit:
         after = f" after the {virtual} virtual places of train.prefix or train.prompt" if virtual else ""
         raise AtencionError(f"{source}: {key} gives sequences of up to {longest} tokens{after} but the model's "
@@ -513,28 +591,3 @@ def dump_config(cfg: TrainConfig) -> str:
     data = cfg.to_dict()
     data["train"]["adam_betas"] = list(data["train"]["adam_betas"])
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-
-
-TOWERS_SECTION = ("towers", "projection")  # task contrastive's model section
-
-
-def check_towers_section(model: dict, source: str) -> None:
-    """The model section of a contrastive run: exactly ``towers`` (two named model sections) and
-    ``projection`` (a positive width); each tower's own keys are checked as a model section's."""
-    if set(model) != set(TOWERS_SECTION):
-        raise AtencionError(f"{source}: task contrastive's model section holds exactly {list(TOWERS_SECTION)} "
-                            f"(towers: {{NAME: model section}}, projection: WIDTH), got {sorted(model)}")
-    towers, width = model["towers"], model["projection"]
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise AtencionError(f"{source}: model.projection must be a positive integer, got {width!r}")
-    if not isinstance(towers, dict) or len(towers) != 2 or not all(isinstance(n, str) and n and n == Path(n).name
-                                                                   for n in towers):
-        raise AtencionError(f"{source}: model.towers must map two names (directory names) to model sections, "
-                            f"got {towers!r}")
-    for name, section in towers.items():
-        if not isinstance(section, dict):
-            raise AtencionError(f"{source}: model.towers.{name} must be a model section (a mapping), got {section!r}")
-        bad = sorted(set(section) - MODEL_KEYS)
-        if bad:
-            raise AtencionError(f"{source}: unknown key model.towers.{name}.{bad[0]}; known model keys: "
-                                f"{sorted(MODEL_KEYS)}")

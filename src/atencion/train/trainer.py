@@ -1,7 +1,7 @@
 """The training loop of §5: teacher forcing, label smoothing, Adam with warm-up, token batches,
 gradient accumulation, validation, early stopping, checkpoints, exact resume, and several
-processes under torchrun (DistributedDataParallel), for every task (tasks.py: translate, lm,
-mlm, classify).
+processes under torchrun (DistributedDataParallel, FSDP), for every task (tasks/: translate, lm,
+mlm, classify, transcribe, and contrastive, whose model is its own: two towers).
 
 The path is a straight line: text → subwords → batches → model → loss → checkpoint.
 """
@@ -34,13 +34,13 @@ from ..nn.model import Model
 from ..nn.model_dir import LORA_FILE, build_model, load_model_dir, weights_checksum
 from ..nn.moe import RoutingStats, moe_aux_loss
 from ..nn.prefix import apply_virtual, check_fits, spec_from_config, unmergeable
+from ..nn.towers import Towers
 from ..tasks import Task, make_task
 from ..torchrun import peer_stop
 from .checkpoint import RUN_FILE, list_checkpoints, load_training_state, prepare_run_dir, save_checkpoint
 from .config import ADAPTER_KEYS, TrainConfig, check_model_fits, check_task_model, dump_config, load_config
 from .distributed import Parallel, init_distributed, set_activation_checkpointing
 from .schedule import build_optimizer, learning_rate
-from .towers import train_towers
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,10 @@ def resolve_start(cfg: TrainConfig, checkpoint: Path | None, task: Task | None =
     Given the run's ``task`` (its data read), a model of train.init_from is checked against it and
     the config here, before anything is written (``_check_init_from``)."""
     t = cfg.train
-    if checkpoint is not None:  # the model as saved, its adapters unmerged: they train on
-        model, tokenizer = load_model_dir(checkpoint, what="checkpoint", merge=False)
-        _same_adapters(model, t, checkpoint)
+    if checkpoint is not None:  # the model as saved (or a task's own: towers), its adapters unmerged: they train on
+        model, tokenizer = load_model_dir(checkpoint, what="checkpoint", merge=False, towers=True)
+        if not isinstance(model, Towers):
+            _same_adapters(model, t, checkpoint)
         return Start(model, tokenizer, checkpoint, shape=model.cfg if t.init_from is not None else None)
     if t.init_from is None:
         return Start()
@@ -112,23 +113,22 @@ class Trainer:
         start = resolve_start(cfg, checkpoint, self.task)  # resume, train.init_from (checked) or fresh
         self.tokenizer = self._tokenizer(start)
         self.task.encode(self.tokenizer)
-        tok = self.tokenizer  # the model: the config's over the tokenizer's vocabularies (none: a ViT), or init_from's
-        model_cfg = cfg.model_config(*_vocabularies(tok), self.task.model_values(), start=start.shape)
-        if tok is not None and not tok.foreign and \
-                (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
-            raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
-        check_model_fits(cfg, model_cfg, f"train.init_from {t.init_from}" if start.shape else None)
-        self.model = build_model(model_cfg).to(self.device)
-        new_head = self._copy_init_from(start)
-        self._adapt(start, new_head)
-        self._restore_weights(start)  # before fsdp shards them
-        set_activation_checkpointing(self.model, t.activation_checkpointing)
-        unused = cfg.task == "classify" or model_cfg.moe is not None  # heads left idle; experts given no token
+        self.model = self.task.model()  # a task's own model (contrastive: two towers), or None
+        self._own = self.model is not None
+        if self._own:
+            self._restore_own(start)
+        else:
+            self._build_model(start)  # one model of the model section
+        set_activation_checkpointing(self.model, t.activation_checkpointing)  # before fsdp wraps the blocks
+        self._routing = RoutingStats.of(self.model)  # None without mixture-of-experts layers
+        configs = _configs(self.model)
+        self._width = configs[0].d_model  # what the schedule scales by (§5.3): the first tower's
+        self._aux_weight = next((c.moe["aux_loss_weight"] for c in configs if c.moe is not None), 0.0)
+        unused = cfg.task == "classify" or self._routing is not None  # heads left idle; experts given no token
         self.parallel = Parallel(self.model, t.distributed, self.dist, self.device, t.bf16, find_unused=unused)
         self.optimizer = build_optimizer(self.model, t)
         self.state: dict[str, Any] = self._restore(start)
         self._writer = None
-        self._routing = RoutingStats.of(self.model)  # None without mixture-of-experts layers
 
     # the steps of __init__ ---------------------------------------------------------------------
 
@@ -174,6 +174,30 @@ class Trainer:
         self.dist.barrier()
         return Tokenizer.load(self.out) if self.task.tokens else None  # every process reads the main one's
 
+    def _build_model(self, start: Start) -> None:
+        """``self.model``: the config's over the tokenizer's vocabularies (none: a ViT), or of
+        init_from's shape, on the run's device, holding the weights it starts from (init_from's,
+        with its adapters, or the checkpoint's), before fsdp shards them."""
+        cfg, t, tok = self.cfg, self.cfg.train, self.tokenizer
+        model_cfg = cfg.model_config(*_vocabularies(tok), self.task.model_values(), start=start.shape)
+        if tok is not None and not tok.foreign and \
+                (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
+            raise AtencionError("model: pad_id/bos_id/eos_id must be 0/2/3, the tokenizer's ids")
+        check_model_fits(cfg, model_cfg, f"train.init_from {t.init_from}" if start.shape else None)
+        self.model = build_model(model_cfg).to(self.device)
+        new_head = self._copy_init_from(start)
+        self._adapt(start, new_head)
+        self._restore_weights(start)
+
+    def _restore_own(self, start: Start) -> None:
+        """A task's own model (``self.model``) on the run's device; on --resume with the
+        checkpoint's weights, which the task first checks are of the model its config builds."""
+        if start.checkpoint is not None:
+            self.task.check_resumed(start.model, start.checkpoint)
+            self.model.load_state_dict(start.model.state_dict())
+            start.model = None
+        self.model.to(self.device)
+
     def _copy_init_from(self, start: Start) -> list[str]:
         """Copy train.init_from's weights into the new model; returns the names of a new classification head."""
         if start.model is None or start.checkpoint is not None:  # a checkpoint's weights come back in _restore
@@ -209,6 +233,9 @@ class Trainer:
         """The checkpoint's weights (exact resume), before the model is spread over the processes."""
         if start.checkpoint is None:
             return
+        if isinstance(start.model, Towers):
+            raise AtencionError(f"{start.checkpoint}: holds the towers of task contrastive, not one model; the task "
+                                f"cannot change on --resume")
         _same_model(start.model.cfg, self.model.cfg, start.checkpoint)
         self.model.load_state_dict(start.model.state_dict())
         start.model = None  # its memory back before the optimizer state is read
@@ -244,7 +271,7 @@ class Trainer:
         return groups
 
     def _step(self, group: list[list[int]]) -> dict[str, float]:
-        t, cfg = self.cfg.train, self.model.cfg
+        t = self.cfg.train
         step = self.state["step"] + 1
         batches = [self.task.make_batch(b, step, part) for part, b in enumerate(group)]
         total_units = sum(b.units for b in batches)  # every process knows the whole group
@@ -262,14 +289,14 @@ class Trainer:
                 loss, nll = self.task.loss(self.parallel.forward, self.model, batch)
                 if self._routing is not None:  # the load-balancing loss, weighted per unit like the loss
                     self._routing.add()
-                    if cfg.moe["aux_loss_weight"] > 0:
-                        loss = loss + cfg.moe["aux_loss_weight"] * moe_aux_loss(self.model) * batch.units
+                    if self._aux_weight > 0:
+                        loss = loss + self._aux_weight * moe_aux_loss(self.model) * batch.units
                 # DDP averages gradients over processes: scale so the result is the gradient of
                 # the loss summed over the group's units (tokens, sentences) divided by their number.
                 (loss * self.dist.world / total_units).backward()
             loss_sum += loss.item()
             nll_sum += nll.item()
-        lr = learning_rate(step, cfg.d_model, t)
+        lr = learning_rate(step, self._width, t)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
         grad_norm = self.parallel.clip_grad_norm(t.clip_norm if t.clip_norm > 0 else math.inf)
@@ -286,7 +313,7 @@ class Trainer:
         self.state["step"] = step
         self.state["target_tokens"] += total_tokens
         return {"loss": loss_sum / total_units, "nll": nll_sum / total_units, "lr": lr,
-                "grad_norm": grad_norm, "tokens": total_tokens}
+                "grad_norm": grad_norm, "tokens": total_tokens, **self.task.after_update(self.model)}
 
     def _autocast(self):
         if self.cfg.train.bf16:
@@ -452,7 +479,8 @@ class Trainer:
         if not self.dist.main:
             return None
         with torch.random.fork_rng(devices=[]):  # its initial draws do not move the training's random stream
-            whole = build_model(self.model.cfg)  # on the CPU, its tied tables one tensor as in the sharded model
+            # on the CPU, its tied tables one tensor as in the sharded model
+            whole = self.task.model() if self._own else build_model(self.model.cfg)
         whole.load_state_dict(state)
         return whole
 
@@ -469,6 +497,10 @@ class Trainer:
             remove_directory(old)  # renamed away first: a Ctrl-C midway leaves no half-deleted step_*
 
     def _finish(self, reason: str) -> dict[str, Any]:
+        if self._own:  # a task's own model (contrastive's towers) is also left whole in OUT/last
+            model = self._whole_model()
+            if self.dist.main:
+                save_checkpoint(self.out / "last", model, self.tokenizer)
         last = list_checkpoints(self.ckpt_dir)
         summary = {"stopped_by": reason, "steps": self.state["step"], "epochs": self.state["epoch"],
                    "seconds": round(self.state["train_seconds"], 1),
@@ -477,6 +509,7 @@ class Trainer:
                              if self.state["update_seconds"] > 0 else None),
                    "best_step": self.state["best_step"],
                    "best_model": str(self.out / "best") if (self.out / "best").is_dir() else None,
+                   **({"last_model": str(self.out / "last")} if self._own else {}),
                    "last_checkpoint": str(last[-1]) if last else None}
         self._log({"summary": summary})
         return summary
@@ -544,6 +577,11 @@ def _check_init_from(cfg: TrainConfig, task: Task, start: ModelConfig, tokenizer
     if missing:
         raise AtencionError(f"train.init_from {cfg.train.init_from}: its tokenizer has no {missing[0]}, which task "
                             f"{cfg.task!r} needs; start from a model whose vocabulary has it")
+
+
+def _configs(model) -> list[ModelConfig]:
+    """The configs of what is trained: the model's, or each tower's (nn/towers.py)."""
+    return [tower.cfg for tower in model.towers.values()] if isinstance(model, Towers) else [model.cfg]
 
 
 def _vocabularies(tokenizer: Tokenizer | None) -> tuple[int, int | None]:
@@ -634,9 +672,6 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
     """Train a model as ``cfg`` says, writing everything under ``out_dir``. ``command``: the
     words of the command line that started it (without --resume), quoted in the line that says
     how to go on after a stop."""
-    if cfg.task == "contrastive":  # two towers, trained by their task's own loop (tasks/contrastive.py)
-
-        return train_towers(cfg, out_dir, resume)
     with remembering_ctrl_c():
         try:
             with _taken_back_if_refused(Path(out_dir)):
