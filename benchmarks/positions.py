@@ -36,6 +36,7 @@ def train_kind(kind: str, args) -> Path:
                f"--set=model.positional={kind}", f"--set=train.max_steps={args.steps}",
                f"--set=data.block_size={args.block}", f"--set=train.max_tokens={args.block * args.batch}",
                f"--set=model.max_positions={args.block}", f"--set=train.threads={args.threads}",
+               f"--set=data.train_text={args.text}",  # the text evaluate_kind scores the held-out tail of
                *[f"--set={item}" for item in args.set]]
     if (run / "checkpoints").is_dir():
         command.append("--resume")
