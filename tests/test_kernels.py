@@ -116,21 +116,54 @@ def test_the_kernel_is_used_only_where_it_won(loaded, monkeypatch):
     assert calls == ["matvec"]
 
 
-def test_the_whole_step_runs_only_where_the_kernel_won_for_every_weight(loaded, monkeypatch):
+def _llama(d_model: int = 64) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(small_config(arch="decoder", norm="rmsnorm", norm_first=True, positional="rope",
+                                    activation="swiglu", bias=False, dropout=0.0, d_model=d_model, d_ff=96,
+                                    n_heads=4)).eval()
+
+
+def _decodes_whole(model: Transformer) -> bool:
+    """Whether two greedy steps of ``model`` went through the whole-step kernel (``DecoderState.fused``)."""
+    state = model.init_state()
+    with torch.no_grad():
+        model.decode_step(torch.tensor([[5]]), state)
+        model.decode_step(torch.tensor([[6]]), state)
+    return bool(state.fused)
+
+
+@pytest.mark.parametrize("fused_faster", [True, False])
+def test_the_whole_step_runs_where_it_was_measured_faster_than_the_layers_and_the_choice_is_kept(
+        loaded, monkeypatch, fused_faster):
     if loaded.decoder_step is None:
         pytest.skip("no whole-step kernel here")
     monkeypatch.setattr(matvec, "KERNELS", loaded)
-    torch.manual_seed(0)
-    model = Transformer(small_config(arch="decoder", norm="rmsnorm", norm_first=True, positional="rope",
-                                     activation="swiglu", bias=False, dropout=0.0, d_model=64, d_ff=96,
-                                     n_heads=4)).eval()
-    threads = torch.get_num_threads()
-    shapes = [(192, 64), (64, 64), (96, 64), (64, 96)]
-    loaded.choices.update({(n, k, 1, threads): True for n, k in shapes})
+    timed = []
+    monkeypatch.setattr(fused, "_time_whole_step", lambda *a: timed.append(a) or ((1e-3, 2e-3) if fused_faster
+                                                                                  else (2e-3, 1e-3)))
+    model = _llama()
+    assert _decodes_whole(model) is fused_faster
+    assert _decodes_whole(model) is fused_faster and len(timed) == 1  # measured once, then recorded
+    (key, entry), = loaded.record()["whole_steps"].items()
+    assert entry["use"] == ("fused" if fused_faster else "layers") and "rows 1" in key
+    later = matvec.Kernels(root=loaded.root, cpu=loaded.cpu, policy="measured", tried=True)
+    later._read_choices()  # another process reads the record: no measurement
+    assert later.whole[key][0] is fused_faster
+    other = _llama(d_model=128)  # another shape: measured on its own
+    _decodes_whole(other)
+    assert len(timed) == 2 and len(loaded.record()["whole_steps"]) == 2
+
+
+def test_the_whole_step_is_timed_against_the_layers_on_the_model_itself(loaded, monkeypatch):
+    if loaded.decoder_step is None:
+        pytest.skip("no whole-step kernel here")
+    monkeypatch.setattr(matvec, "KERNELS", loaded)
+    model = _llama()
     with torch.no_grad():
-        assert fused.plan(model.decoder, 1) is not None
-        loaded.choices[96, 64, 1, threads] = False  # F.linear faster for W1 and W3
-        assert fused.plan(model.decoder, 1) is None
+        planned = fused.plan(model.decoder, 1)
+    whole, layers = fused._time_whole_step(model.decoder, 1, (fused.layout(1), fused.for_kernel(planned)), steps=2,
+                                          rounds=1)
+    assert 0 < whole < 1 and 0 < layers < 1
 
 
 def test_warm_measures_a_models_shapes_before_any_request(loaded, monkeypatch):

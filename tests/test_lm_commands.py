@@ -607,6 +607,7 @@ NOT_UNICODE = [  # bodies as JSON text: "\\ud83d" is valid JSON for a lone surro
 def test_text_that_is_not_valid_unicode_is_422_naming_the_field_before_any_work(every_kind, monkeypatch, endpoint,
                                                                                 body, message):
     from atencion.serve import app as served
+    from atencion.tasks import classify, lm, mlm
 
     calls = []
 
@@ -616,8 +617,8 @@ def test_text_that_is_not_valid_unicode_is_422_naming_the_field_before_any_work(
             return original(*args, **kwargs)
         return called
 
-    for name in ("generate_text", "fill_mask", "classify_probabilities"):
-        monkeypatch.setattr(served, name, spy(name, getattr(served, name)))
+    for module, name in ((lm, "generate_text"), (mlm, "fill_mask"), (classify, "classify_probabilities")):
+        monkeypatch.setattr(module, name, spy(name, getattr(module, name)))  # the endpoints' work, in their tasks
     monkeypatch.setattr(served.Batcher, "submit", spy("submit", served.Batcher.submit))
     r = every_kind.post(f"/{endpoint}", content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json() == {"error": message}, r.text
@@ -678,9 +679,9 @@ UNPROCESSABLE = [  # (endpoint, body): each a 422 whose message starts with the 
 
 @pytest.mark.parametrize("endpoint, body", UNPROCESSABLE, ids=[f"{e} {json.dumps(b)[:50]}" for e, b in UNPROCESSABLE])
 def test_the_server_s_422_names_its_own_field_never_a_command_line_option(every_kind, endpoint, body):
-    from atencion.serve.app import MODEL_ENDPOINTS
+    from atencion.serve.app import model_endpoints
 
-    schema = next(e.schema for e in MODEL_ENDPOINTS if e.name == endpoint)
+    schema = next(e.schema for e in model_endpoints() if e.name == endpoint)
     r = every_kind.post(f"/{endpoint}", json=body)
     error = r.json()["error"]
     assert r.status_code == 422 and "--" not in error, r.text

@@ -260,7 +260,7 @@ def test_serve_refuses_a_bad_model_argument_in_one_line(tmp_path, capsys):
 
 def test_a_new_endpoint_is_one_table_entry_served_counted_described_and_refused_to_models_without_it(
         demo_model_dir, monkeypatch):
-    """The seam of serve/app.py: an Endpoint added to MODEL_ENDPOINTS, and nothing else, is a POST
+    """The seam of serve/app.py: an Endpoint added to the table (``model_endpoints``), and nothing else, is a POST
     route that validates its schema, counted by name in /metrics, listed in /info's endpoints with
     its info, and refused (400, before its fields are judged) to a model without its capability;
     /info's "decoding" is the first endpoint's defaults in the table."""
@@ -280,14 +280,13 @@ def test_a_new_endpoint_is_one_table_entry_served_counted_described_and_refused_
     async def echo(body, m, ctx):
         return {"model": m.name, "echo": body.text * body.times, "limit": ctx.settings.max_tokens}
 
-    translate = served.MODEL_ENDPOINTS[0]
-    assert translate.name == "translate"
+    translate = next(e for e in served.model_endpoints() if e.name == "translate")
     table = (replace(translate, defaults=("beam",), server_defaults=lambda s: {"max_len_b": s.max_tokens}),
-             *served.MODEL_ENDPOINTS[1:],
+             *(e for e in served.model_endpoints() if e.name != "translate"),
              served.Endpoint("echo", EchoRequest, "any model", lambda m: True, echo, defaults=("times",),
                              info=lambda m: {"echoes": m.name}),
              served.Endpoint("never", EchoRequest, "a model that does not exist", lambda m: False, echo))
-    monkeypatch.setattr(served, "MODEL_ENDPOINTS", table)
+    monkeypatch.setattr(served, "model_endpoints", lambda: table)
     model, tokenizer = load_model_dir(demo_model_dir)
     app = create_app([LoadedModel("demo", str(demo_model_dir), model, tokenizer)], ServeSettings(max_tokens=99))
     assert {r.path for r in app.routes if "POST" in getattr(r, "methods", ())} == {"/" + e.name for e in table}
@@ -338,8 +337,8 @@ def test_an_internal_error_is_a_500_counted_in_metrics_and_logged_as_one_json_li
     async def broken(body, m, ctx):
         raise RuntimeError("a bug in the handler")
 
-    translate = served.MODEL_ENDPOINTS[0]
-    monkeypatch.setattr(served, "MODEL_ENDPOINTS", (replace(translate, handler=broken), *served.MODEL_ENDPOINTS[1:]))
+    table = tuple(replace(e, handler=broken) if e.name == "translate" else e for e in served.model_endpoints())
+    monkeypatch.setattr(served, "model_endpoints", lambda: table)
     monkeypatch.setattr(logging.getLogger("atencion.serve"), "propagate", True)  # run.serve turns it off
     caplog.set_level(logging.INFO, logger="atencion.serve")
     model, tokenizer = load_model_dir(demo_model_dir)

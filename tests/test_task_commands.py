@@ -1,5 +1,6 @@
-"""A task brings its own command (``TaskSpec.command``): `atencion --help` lists it and runs it
-with no line of cli.py naming it; and the sampling settings travel as one ``SamplingConfig``."""
+"""A task brings its own command (``TaskSpec.command``) and endpoint (``TaskSpec.endpoint``):
+`atencion --help` lists and runs the one, `atencion serve` serves the other, with no line of cli.py
+or serve/app.py naming it; and the sampling settings travel as one ``SamplingConfig``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from atencion.arguments import Command, bounded
 from atencion.cli import build_parser, main
 from atencion.decode.settings import SamplingConfig, sampling_config
+from atencion.endpoint import Refused, RequestBody, TaskEndpoint
 from atencion.errors import AtencionError
 from atencion.tasks import TASKS, USES
 from atencion.tasks.base import register_task
@@ -28,12 +30,26 @@ def cmd_toy(args: argparse.Namespace) -> None:
     print("toy " * args.times)
 
 
+class ToyRequest(RequestBody):
+    text: str
+    model: str | None = None
+    times: int = 2
+
+
+async def serve_toy(body: ToyRequest, m, ctx) -> dict:
+    if body.times > ctx.settings.max_sentences:
+        raise Refused(422, f"times: more than {ctx.settings.max_sentences}")
+    return {"model": m.name, "echo": body.text * body.times}
+
+
 @pytest.fixture
 def toy_task():
     """A task registered from this file alone (the language model's spec under another name, use
     and command), removed afterwards."""
     spec = dataclasses.replace(TASKS["lm"], name="toy", use="toy-use",
-                               command=Command("toy-command", "a toy task's command", add_toy_arguments, cmd_toy))
+                               command=Command("toy-command", "a toy task's command", add_toy_arguments, cmd_toy),
+                               endpoint=TaskEndpoint(ToyRequest, serve_toy, defaults=("times",),
+                                                     info=lambda m: {"toy": m.name}))
     register_task(spec)
     HEARD.clear()
     yield spec
@@ -93,3 +109,37 @@ def test_sampling_settings_that_draw_nothing_are_refused_naming_the_option(setti
     with pytest.raises(AtencionError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         SamplingConfig(**settings).check()
     SamplingConfig().check()  # the defaults draw
+
+
+def test_a_task_registered_alone_brings_its_endpoint_to_the_server(toy_task, demo_model_dir):
+    from fastapi.testclient import TestClient
+
+    from atencion.nn.model_dir import load_model_dir
+    from atencion.serve.app import LoadedModel, ServeSettings, create_app
+    from conftest import small_model
+
+    model, tokenizer = load_model_dir(demo_model_dir)
+    translator = LoadedModel("mt", str(demo_model_dir), model, tokenizer)
+    decoder = LoadedModel("gpt", "", small_model(arch="decoder", vocab_size=tokenizer.vocab_size).eval(), tokenizer)
+    assert decoder.endpoints == ["generate", "toy-use", "attention"] and "toy-use" not in translator.endpoints
+    app = create_app([decoder, translator], ServeSettings(max_sentences=3))
+    assert "/toy-use" in {r.path for r in app.routes}
+    with TestClient(app) as client:
+        r = client.post("/toy-use", json={"text": "ab", "times": 3})
+        assert r.status_code == 200 and r.json() == {"model": "gpt", "echo": "ababab"}, r.text
+        r = client.post("/toy-use", json={"text": "ab", "times": 4})
+        assert r.status_code == 422 and r.json()["error"] == "times: more than 3", r.text
+        r = client.post("/toy-use", json={"text": "ab", "times": "3"})
+        assert r.status_code == 422 and r.json()["error"].startswith("times: "), r.text
+        r = client.post("/toy-use", json={"text": "ab", "model": "mt"})
+        assert r.status_code == 400 and r.json()["error"].startswith("/toy-use needs a decoder-only model"), r.text
+        described = {m["name"]: m for m in client.get("/info").json()["models"]}
+        assert described["gpt"]["toy"] == "gpt" and "/toy-use" in described["gpt"]["endpoints"]
+
+
+def test_without_the_task_its_endpoint_is_not_served():
+    from atencion.serve.app import model_endpoints
+
+    assert "toy-use" not in {e.name for e in model_endpoints()}
+    assert {e.name for e in model_endpoints()} == {"translate", "generate", "fill-mask", "classify", "transcribe",
+                                                   "attention"}

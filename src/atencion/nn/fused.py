@@ -103,9 +103,7 @@ def plan(decoder: nn.Module, rows: int) -> list[LayerParams] | None:
     """Every layer's parameters for ``rows`` rows, each weight laid out as ``layout`` says
     (``matvec.panels`` and ``int8_panels``: a second copy, made once), an int8 one with its scales and
     sums; or None where the step cannot run there (another kind of block or positions, virtual tokens,
-    training, gradients, not float32 or int8 on a CPU) or, for float32 weights, where the kernel's
-    products are slower than ``F.linear`` at these rows (``matvec.Kernels.wins``: the layer by layer path
-    then uses each where it is faster)."""
+    training, gradients, not float32 or int8 on a CPU)."""
     if (os.environ.get("ATENCION_FUSED", "1") == "0" or decoder.training or decoder.positions is not None
             or not rotates(decoder.relative) or decoder.embed_norm is not None
             or decoder.prefix is not None or decoder.prompt is not None or matvec.kernel() is None
@@ -122,8 +120,6 @@ def plan(decoder: nn.Module, rows: int) -> list[LayerParams] | None:
     floats, int8_panels = layout(rows)
     quantized = type(layers[0][1][0]) is Int8Linear  # (the checks above read its float32 copy of W)
     if quantized and rows > matvec.MAX_ROWS and not int8_panels:
-        return None
-    if not quantized and not all(matvec.KERNELS.wins(*m.weight.shape, rows) for m in layers[0][1]):
         return None
     planned = []
     for own, linears in layers:
@@ -157,6 +153,8 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
     if state.fused is None or (state.fused and state.fused[0] != layout(rows)):  # once per decoding and layout:
         planned = plan(decoder, rows)                                            # the model does not change
         state.fused = False if planned is None else (layout(rows), for_kernel(planned))  # while it decodes
+        if state.fused and not _whole_step_wins(decoder, rows, planned, state.fused):
+            state.fused = False
     if state.fused is False:
         return None
     start = len(caches[0])
@@ -171,3 +169,43 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
     for cache in caches:
         cache.written(start + 1)
     return out.view_as(x)
+
+
+def _whole_step_wins(decoder: nn.Module, rows: int, planned: list[LayerParams], fused: tuple) -> bool:
+    """Whether the whole-step kernel is the faster way to decode ``rows`` rows of ``decoder`` here
+    (``matvec.Kernels.whole_step_wins``, measured once per shape and recorded); int8 layers take it
+    wherever it applies (their products are not measured)."""
+    if planned[0].qkv.scales.numel():  # int8
+        return True
+    attn = decoder.layers[0].self_attn
+    shapes = " ".join(f"{n}x{k}" for n, k in matvec.shapes_of(decoder.layers[0]))
+    key = (f"{len(planned)} layers of {shapes}, heads {attn.h}/{attn.g} of {attn.d_k}, rows {rows}, threads "
+           f"{torch.get_num_threads()}")
+    return matvec.KERNELS.whole_step_wins(key, lambda: _time_whole_step(decoder, rows, fused))
+
+
+def _time_whole_step(decoder: nn.Module, rows: int, fused: tuple, steps: int = 8,
+                     rounds: int = 3) -> tuple[float, float]:
+    """The median seconds of a decoding step of ``rows`` rows of ``decoder``, by the whole-step kernel
+    (``fused``, as ``DecoderState.fused`` holds it) and layer by layer, rounds interleaved, each from a
+    fresh cache of one token (token 0, which every vocabulary has)."""
+    import statistics
+    import time
+
+    ids = torch.zeros(rows, 1, dtype=torch.long)
+
+    def seconds(whole: bool) -> float:
+        n = len(decoder.layers)
+        state = DecoderState(None, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)])
+        state.fused = fused if whole else False
+        with torch.inference_mode():
+            decoder(ids, None, None, None, state, first=False)  # the first token: an empty cache, layer by layer
+            start = time.perf_counter()
+            for _ in range(steps):
+                decoder(ids, None, None, None, state, first=False)
+        return (time.perf_counter() - start) / steps
+
+    seconds(True), seconds(False)  # warming up (and the products' own choices, made once)
+    times = [(seconds(True), seconds(False)) for _ in range(rounds)]
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+

@@ -53,6 +53,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +161,8 @@ class Kernels:
     decoder_step: object = None
     choices: dict = field(default_factory=dict)  # (n, k, rows, threads) → True where the kernel won
     timings: dict = field(default_factory=dict)  # (n, k, rows, threads) → (kernel's s, F.linear's s)
+    whole: dict = field(default_factory=dict)  # a decoder's shape, rows, threads (nn/fused.py) → (won, fused s,
+                                               # layer by layer s): the whole-step kernel's record
     steps: int = 0  # optimizer steps since panels were first made (fused Adam does not bump _version)
     counting: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -280,13 +283,40 @@ class Kernels:
             log.info("could not write %s (%s)", path, err)
 
     def _read_choices(self) -> None:
-        for key, entry in self.record().get("choices", {}).items():
+        record = self.record()
+        for key, entry in record.get("choices", {}).items():
             try:
                 n, k, rows, threads = (int(v) for v in key.split(","))
                 self.choices[n, k, rows, threads] = entry["use"] == "kernel"
                 self.timings[n, k, rows, threads] = (entry["kernel_s"], entry["linear_s"])
             except (ValueError, KeyError, TypeError):
                 continue
+        for key, entry in record.get("whole_steps", {}).items():
+            try:
+                self.whole[key] = (entry["use"] == "fused", float(entry["fused_s"]), float(entry["layers_s"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+
+    def whole_step_wins(self, key: str, time_both: Callable[[], tuple[float, float]]) -> bool:
+        """Whether nn/fused.py's whole-step kernel decodes a step of the decoder ``key`` names (its shape,
+        rows and threads) faster than its layers one by one, each product by whichever is faster for its
+        shape: measured the first time (``time_both``: the seconds of each) and recorded. A whole step
+        saves dozens of PyTorch calls per layer besides its products, so its products' choices alone do
+        not decide it."""
+        if self.policy != "measured":
+            return True
+        with self.lock:  # (reentrant: the layer by layer step asks ``wins`` of its products)
+            if key not in self.whole:
+                fused, layers = time_both()
+                self.whole[key] = (fused < layers, fused, layers)
+                log.info("whole decoding step %s: %.2f ms, layer by layer %.2f ms: %s", key, fused * 1e3,
+                         layers * 1e3, "the whole-step kernel" if fused < layers else "layer by layer")
+                record = self.record()
+                if record.get("build") == self.stamp():
+                    record.setdefault("whole_steps", {})[key] = {
+                        "use": "fused" if fused < layers else "layers", "fused_s": fused, "layers_s": layers}
+                    self._write(record)
+            return self.whole[key][0]
 
     def wins(self, n: int, k: int, rows: int) -> bool:
         """Whether the kernel multiplies ``rows`` rows by an (n, k) weight faster than ``F.linear`` here,

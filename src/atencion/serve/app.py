@@ -11,14 +11,17 @@ Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says wh
 never a traceback, quoting at most ``SHOWN`` characters of any value sent; see ``ServeSettings``
 for the limits, and ``_json`` for the numbers a body may hold.
 
-The model endpoints are a table, ``MODEL_ENDPOINTS``: one ``Endpoint`` each, in the spirit of a
-litgpt ``LitAPI`` (decode the request, predict, encode the response). One route function serves
-them all: it reads the JSON body, picks the model it names (a model of the wrong kind is told so,
-400, before the body's fields are judged, 422), validates the body against the entry's schema and
-awaits the entry's handler. What a model answers (``LoadedModel.endpoints``), /info's
-"endpoints", "decoding" and extra fields, the 400's words and the paths /metrics counts by name
-all come from the table. So a new endpoint is one Endpoint entry (schema, capability, defaults,
-handler) and the module-level functions it names; nothing in ``create_app`` changes.
+The model endpoints are a table, ``model_endpoints()``: one ``Endpoint`` each, in the spirit of a
+litgpt ``LitAPI`` (decode the request, predict, encode the response): each task's use, from its
+spec (``TaskSpec.endpoint``, a ``TaskEndpoint`` of endpoint.py: the request schema and handler live
+in the task's module, tasks/), then ``OTHER_ENDPOINTS`` (the explorer's /attention). One route
+function serves them all: it reads the JSON body, picks the model it names (a model of the wrong
+kind is told so, 400, before the body's fields are judged, 422), validates the body against the
+entry's schema and awaits the entry's handler with the model and the ``Context`` (its queues:
+``run`` on a model's worker, ``translate`` through a translator's batcher). What a model answers
+(``LoadedModel.endpoints``), /info's "endpoints", "decoding" and extra fields, the 400's words and
+the paths /metrics counts by name all come from the table. So a new task's endpoint is its spec's,
+and another is one entry of ``OTHER_ENDPOINTS``; nothing in ``create_app`` changes.
 
 Uploads. An entry with an ``upload`` handler also takes a multipart form (``python-multipart``):
 the field ``file`` (an image, PNG or NPY, for a model of inputs kind patches; a WAV file for one of
@@ -36,10 +39,9 @@ import json
 import logging
 import math
 import re
-import tempfile
 import time
 import traceback
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -47,32 +49,25 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import tasks
 from ..config import TWO_STACKS
-from ..decode.settings import DecodeConfig, SamplingConfig
+from ..decode.settings import DecodeConfig
+from ..endpoint import SHOWN, Refused, RequestBody, Upload, cut, quoted, unprocessable
 from ..errors import AtencionError
 from ..nn.inputs import input_kind, reads_tokens
-from ..tasks.base import sentence_ids
-from ..tasks.classify import classify_paths, classify_probabilities, label_names, prediction
-from ..tasks.lm import check_prompt, generate_text
-from ..tasks.mlm import fill_mask, masked_ids
 from .batching import Batcher, Job, QueueFull, Worker, attention_json, resolve
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
 FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by name besides the model endpoints'
 STATIC = ("explorer.js", "explorer.css")
-NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
-SMALLEST = 1e-30  # the least positive temperature and top_p of /generate (float32's smallest normal: 1.2e-38)
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
 DIGITS = 100    # the longest number a body may hold, in digits (Python converts at most 4,300 to an int)
-SHOWN = 40      # the characters of a request's value an error quotes at most, then "…"
 MESSAGE = 1000  # the characters of an error message at most (a last guard: no message of ours comes near)
 
 
@@ -140,24 +135,16 @@ class LoadedModel:
 
     @property
     def answers(self) -> list[Endpoint]:
-        """The entries of ``MODEL_ENDPOINTS`` whose capability this model has, the endpoint of its
+        """The entries of ``model_endpoints()`` whose capability this model has, the endpoint of its
         own task first: a translator translates; a decoder generates, an encoder with <mask> fills
         masks, a classification head classifies."""
-        can = [e for e in MODEL_ENDPOINTS if e.capability(self)]
+        can = [e for e in model_endpoints() if e.capability(self)]
         return sorted(can, key=lambda e: e.name != tasks.TASKS[self.task].use)
 
     @property
     def endpoints(self) -> list[str]:
         """The names of ``answers``."""
         return [e.name for e in self.answers]
-
-
-class Refused(AtencionError):
-    """A request answered with ``status`` and this message."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers
 
 
 @dataclass
@@ -179,7 +166,7 @@ class Context:
         """The model ``name`` (None: the first), if it answers ``endpoint``; 404 or 400 otherwise."""
         by_name = self.by_name
         if name is not None and name not in by_name:
-            raise Refused(404, f"model: no model named {_quoted(name)}; loaded: {sorted(by_name)}")
+            raise Refused(404, f"model: no model named {quoted(name)}; loaded: {sorted(by_name)}")
         m = by_name[name] if name is not None else self.models[0]
         if endpoint.name not in m.endpoints:
             raise Refused(400, f"/{endpoint.name} needs {endpoint.needs}; model {m.name!r} is "
@@ -206,6 +193,41 @@ class Context:
         if pieces is not None and pieces > limit:
             raise Refused(422, f"{where}: {pieces} subword pieces, more than the limit of {limit}")
 
+    async def translate(self, m: LoadedModel, sentences: list[str], tokens: int, decode: DecodeConfig, nbest: int,
+                        attention: bool) -> tuple[list, list | None]:
+        """``sentences`` (``tokens`` source pieces) translated by the model's batcher, with the requests
+        that arrive with them: each one's ``nbest`` hypotheses and, with ``attention``, its
+        cross-attention (``attention_json``). 429 when the queue is full, 504 past the timeout."""
+        if attention:
+            from ..viz.attention import require_cross_attention
+
+            with unprocessable():
+                require_cross_attention(m.model, "attention: true")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        job = Job(sentences, tokens, decode, resolve(loop, future), nbest=nbest, attention=attention)
+        try:
+            self.batchers[m.name].submit(job)
+        except QueueFull as err:
+            raise Refused(429, str(err), {"Retry-After": "1"}) from None
+        try:
+            results, maps = await asyncio.wait_for(future, self.settings.timeout_s)
+        except asyncio.TimeoutError:
+            job.cancelled = True
+            raise Refused(504, f"no answer within {self.settings.timeout_s:g} s (the server is busy); retry "
+                               f"later or with fewer sentences") from None
+        self.metrics.sentences(len(sentences), tokens, sum(len(hyps[0].tokens) + 1 for hyps in results))
+        return results, maps
+
+    @staticmethod
+    def input_attention(m: LoadedModel, path: Path) -> dict[str, Any]:
+        """``capture_input_attention``'s numbers for the file at ``path`` (an image, a recording)."""
+        from ..nn.inputs import read_inputs
+        from ..viz.attention import capture_input_attention
+
+        example = read_inputs(m.model.cfg.inputs, [path], lambda i: "file")[0]
+        return capture_input_attention(m.model, m.tokenizer, example).to_json()
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -228,85 +250,12 @@ class Endpoint:
     upload: Callable[[Upload, LoadedModel, Context], Awaitable[dict[str, Any]]] | None = None
 
 
-@dataclass(frozen=True)
-class Upload:
-    """A multipart form's fields: the file (its bytes and name), the model, whether to return attention."""
-
-    data: bytes
-    filename: str
-    model: str | None = None
-    attention: bool = False
-
-
 # what each input kind's upload is, in a 422's words
 UPLOADS = {"patches": "an image (PNG, or NPY without pickle)", "spectrogram": "a WAV file (PCM)"}
 FORM_FIELDS = ("file", "model", "attention")
 
 
 # the requests ------------------------------------------------------------------------------------
-
-
-class RequestBody(BaseModel):
-    """What every request schema shares: no unknown fields, no conversions, and NaN (which
-    Python's JSON reads) refused as not a number, rather than as out of a field's range."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _a_number(cls, value: Any) -> Any:
-        if isinstance(value, float) and math.isnan(value):
-            raise PydanticCustomError("not_a_number", "NaN is not a number")
-        return value
-
-
-class TranslateRequest(RequestBody):
-    """POST /translate."""
-
-    sentences: list[str] = Field(min_length=1)
-    model: str | None = None
-    beam: int = Field(4, ge=1, le=16)
-    alpha: float = Field(0.6, ge=0.0, le=10.0)
-    nbest: int = Field(1, ge=1, le=16)
-    max_len_a: float = Field(1.0, ge=0.0, le=10.0)
-    max_len_b: int = Field(50, ge=0, le=1024)
-    attention: bool = False
-
-
-class GenerateRequest(RequestBody):
-    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit).
-
-    temperature is 0 (greedy) or from SMALLEST (1e-30) to 100, top_p from SMALLEST to 1: sampling
-    runs in float32, where a smaller positive number is 0 (below 1.4e-45) or subnormal, and
-    dividing the logits by it or cutting the nucleus at it makes no distribution to draw from. A
-    value that small is refused (422 naming the field) rather than guessed at; any temperature or
-    top_p near SMALLEST already samples the greedy text."""
-
-    prompt: str = ""
-    model: str | None = None
-    max_new_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=100.0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    num_samples: int = Field(1, ge=1)
-
-    @field_validator("temperature", "top_p")
-    @classmethod
-    def _not_too_small(cls, value: float, info: ValidationInfo) -> float:
-        if 0 < value < SMALLEST:
-            greedy = "0 for greedy decoding or " if info.field_name == "temperature" else ""
-            raise PydanticCustomError("too_small_for_float32", f"{value!r} is too small for float32, where "
-                                                               f"sampling runs; give {greedy}at least {SMALLEST:g}")
-        return value
-
-
-class FillMaskRequest(RequestBody):
-    """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
-
-    text: str
-    model: str | None = None
-    top_k: int = Field(5, ge=1, le=100)
 
 
 class AttentionRequest(RequestBody):
@@ -319,135 +268,7 @@ class AttentionRequest(RequestBody):
     induction: bool = False
 
 
-class ClassifyRequest(RequestBody):
-    """POST /classify: see ``tasks.classify.classify_probabilities``."""
-
-    texts: list[str] = Field(min_length=1)
-    model: str | None = None
-
-
 # the handlers: body, model, context -> the answer ------------------------------------------------
-
-
-@contextmanager
-def _unprocessable():
-    """An AtencionError raised inside is the request's fault: 422 with its message."""
-    try:
-        yield
-    except Refused:
-        raise
-    except AtencionError as err:
-        raise Refused(422, str(err)) from None
-
-
-def _source_pieces(i: int, sentence: str, m: LoadedModel, settings: ServeSettings) -> int:
-    """The subword pieces of a request's ``i``-th sentence; 422 for an empty one or one over the limit."""
-    if not sentence.strip():
-        raise Refused(422, f"sentences.{i}: the sentence is empty")
-    if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
-        raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
-                           f"{settings.max_tokens} subword pieces per sentence)")
-    pieces = len(m.tokenizer.encode_src(sentence.strip()))
-    if pieces > settings.max_tokens:
-        raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of {settings.max_tokens}")
-    return pieces
-
-
-async def _translate(body: TranslateRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    settings = ctx.settings
-    if len(body.sentences) > settings.max_sentences:
-        raise Refused(422, f"sentences: {len(body.sentences)} sentences, more than the limit of "
-                           f"{settings.max_sentences} per request")
-    if body.nbest > body.beam:
-        raise Refused(422, f"nbest: {body.nbest} is more than beam ({body.beam})")
-    tokens = sum(_source_pieces(i, sentence, m, settings) + 1 for i, sentence in enumerate(body.sentences))
-    if body.attention:
-        from ..viz.attention import require_cross_attention
-
-        with _unprocessable():
-            require_cross_attention(m.model, "attention: true")
-    decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-    job = Job(body.sentences, tokens, decode, resolve(loop, future), nbest=body.nbest, attention=body.attention)
-    try:
-        ctx.batchers[m.name].submit(job)
-    except QueueFull as err:
-        raise Refused(429, str(err), {"Retry-After": "1"}) from None
-    try:
-        results, attention = await asyncio.wait_for(future, settings.timeout_s)
-    except asyncio.TimeoutError:
-        job.cancelled = True
-        raise Refused(504, f"no answer within {settings.timeout_s:g} s (the server is busy); retry "
-                           f"later or with fewer sentences") from None
-    ctx.metrics.sentences(len(body.sentences), tokens, sum(len(hyps[0].tokens) + 1 for hyps in results))
-    out = []
-    for k, hyps in enumerate(results):
-        item: dict[str, Any] = {"text": hyps[0].text, "score": round(hyps[0].score, 4),
-                                "nbest": [{"text": h.text, "score": round(h.score, 4)} for h in hyps]}
-        if attention is not None:
-            item["attention"] = attention[k]
-        out.append(item)
-    return {"model": m.name, "translations": out}
-
-
-def _new_tokens(settings: ServeSettings) -> int:
-    """/generate's max_new_tokens when a request gives none."""
-    return min(NEW_TOKENS, settings.max_new_tokens)
-
-
-async def _generate(body: GenerateRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    settings = ctx.settings
-    new_tokens = body.max_new_tokens or _new_tokens(settings)
-    if new_tokens > settings.max_new_tokens:
-        raise Refused(422, f"max_new_tokens: {_cut(str(new_tokens))} is more than the limit of "
-                           f"{settings.max_new_tokens}")
-    if body.num_samples > settings.max_samples:
-        raise Refused(422, f"num_samples: {_cut(str(body.num_samples))} is more than the limit of "
-                           f"{settings.max_samples}")
-    ctx.check_length("prompt", body.prompt)
-    with _unprocessable():
-        ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
-    ctx.check_length("prompt", body.prompt, len(ids))
-    sampling = SamplingConfig(new_tokens, body.temperature, body.top_k, body.top_p, body.seed, body.num_samples,
-                              SamplingConfig.draft_tokens if m.draft is None else m.draft.tokens)
-    draft = None if m.draft is None else m.draft.model
-    texts = await ctx.run(m, lambda: generate_text(m.model, m.tokenizer, body.prompt, sampling, what="prompt",
-                                                   draft=draft))
-    return {"model": m.name, "prompt": body.prompt, "texts": texts}
-
-
-def _draft_info(m: LoadedModel) -> dict[str, Any]:
-    """/info's "draft" of a model that generates: the draft model /generate speculates with, or None."""
-    if m.draft is None:
-        return {"draft": None}
-    return {"draft": {"path": m.draft.path, "draft_tokens": m.draft.tokens,
-                      "parameters": m.draft.model.num_parameters()}}
-
-
-async def _fill_mask(body: FillMaskRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    ctx.check_length("text", body.text)
-    with _unprocessable():
-        pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
-    ctx.check_length("text", body.text, pieces)
-    masks = await ctx.run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
-    return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask] for mask in masks]}
-
-
-async def _classify(body: ClassifyRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    settings = ctx.settings
-    if len(body.texts) > settings.max_sentences:
-        raise Refused(422, f"texts: {len(body.texts)} texts, more than the limit of {settings.max_sentences} "
-                           f"per request")
-    for i, text in enumerate(body.texts):
-        ctx.check_length(f"texts.{i}", text)
-    with _unprocessable():
-        sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
-    probabilities = await ctx.run(m, lambda: classify_probabilities(
-        m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}",
-        what="texts"))
-    names = label_names(m.model)
-    return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
 
 
 async def _attention(body: AttentionRequest, m: LoadedModel, ctx: Context) -> dict[str, Any]:
@@ -455,7 +276,7 @@ async def _attention(body: AttentionRequest, m: LoadedModel, ctx: Context) -> di
     from ..viz.attention import capture_self_attention, self_attention_ids
 
     ctx.check_length("text", body.text)
-    with _unprocessable():
+    with unprocessable():
         tokens = len(self_attention_ids(m.model, m.tokenizer, body.text)) + body.max_new_tokens
     ctx.check_length("text", body.text, tokens)
     if body.induction and m.arch != "decoder":
@@ -479,71 +300,20 @@ def _induction(model) -> dict[str, Any]:
 
     limit = position_limit(model.cfg)
     length = min(50, model.cfg.vocab_size - 4, *([limit // 2] if limit else []))
-    with _unprocessable():
+    with unprocessable():
         scores = induction_scores(model, length=length, rows=4)
     return {**scores.to_dict(), "induction_heads": scores.induction_heads()}
 
 
-async def _classify_upload(form: Upload, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    """An image's or a recording's label; with ``attention``, the [CLS] (or pooled) attention and
-    its rollout (``InputAttention.to_json``)."""
-    def work():
-        with _uploaded(form) as path:
-            row = classify_paths(m.model, [path], ctx.settings.batch_tokens, lambda i: "file")[0].tolist()
-            return prediction(label_names(m.model), row), _input_attention(m, path) if form.attention else None
-
-    answer, attention = await ctx.run(m, work)
-    return {"model": m.name, "predictions": [answer]} | ({"attention": attention} if form.attention else {})
-
-
-async def _transcribe(form: Upload, m: LoadedModel, ctx: Context) -> dict[str, Any]:
-    """A recording's transcript, decoded greedily (beam 1, as the speech configs decode); with
-    ``attention``, the decoder's cross-attention over the encoder's positions for each character."""
-    from ..tasks.transcribe import transcribe_paths
-
-    def work():
-        with _uploaded(form) as path:
-            if form.attention:
-                attention = _input_attention(m, path)
-                return attention["text"], attention
-            return transcribe_paths(m.model, m.tokenizer, [path], DecodeConfig(beam=1), where=lambda i: "file")[0][0]\
-                .text, None
-
-    text, attention = await ctx.run(m, work)
-    return {"model": m.name, "text": text} | ({"attention": attention} if form.attention else {})
-
-
-def _input_attention(m: LoadedModel, path: Path) -> dict[str, Any]:
-    """``capture_input_attention``'s numbers for the file at ``path``."""
-    from ..nn.inputs import read_inputs
-    from ..viz.attention import capture_input_attention
-
-    example = read_inputs(m.model.cfg.inputs, [path], lambda i: "file")[0]
-    return capture_input_attention(m.model, m.tokenizer, example).to_json()
-
-
-@contextmanager
-def _uploaded(form: Upload):
-    """The upload as a file in a temporary folder (its suffix kept: .npy is read as an array); an
-    AtencionError raised inside names the upload by its name, never the server's folder, wherever
-    the message holds the path."""
-    suffix = Path(form.filename).suffix.lower()
-    with tempfile.TemporaryDirectory(prefix="atencion-upload-") as folder:
-        path = Path(folder) / ("upload" + (suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""))
-        path.write_bytes(form.data)
-        try:
-            yield path
-        except AtencionError as err:
-            name = _cut(form.filename) or "upload"
-            raise AtencionError(str(err).replace(str(path), name).replace(folder, "(the upload)")) from None
-
-
-def _task_endpoint(use: str, schema: type[BaseModel], handler, **more: Any) -> Endpoint:
-    """The endpoint of a task's use (tasks.USES): what it needs and which models can answer it
-    come from the task's spec; a translator answers /translate only."""
-    spec = tasks.USES[use]
-    capability = (lambda m: spec.can(m.model, m.tokenizer)) if use == "translate" else _one_stack(spec.can)
-    return Endpoint(use, schema, spec.needs, capability, handler, **more)
+def _task_endpoint(spec) -> Endpoint:
+    """The endpoint of a task's use, POST /USE, from its spec (``TaskSpec.endpoint``): what it needs and
+    which models can answer it come from the spec too; a translator (two stacks) answers only the
+    endpoints of tasks that train two stacks (/translate, /transcribe)."""
+    own = spec.endpoint
+    capability = (lambda m: spec.can(m.model, m.tokenizer)) if set(spec.archs) & set(TWO_STACKS) \
+        else _one_stack(spec.can)
+    return Endpoint(spec.use, own.schema, spec.needs, capability, own.handler, own.defaults, own.server_defaults,
+                    own.info, own.upload)
 
 
 def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]:
@@ -553,21 +323,16 @@ def _one_stack(can: Callable[[Any, Any], bool]) -> Callable[[LoadedModel], bool]
 
 # the table: one entry per model endpoint, the order /info and the 400 list them in ---------------
 
-MODEL_ENDPOINTS: tuple[Endpoint, ...] = (
-    _task_endpoint("translate", TranslateRequest, _translate, defaults=("beam", "alpha", "nbest", "max_len_a",
-                                                                        "max_len_b")),
-    _task_endpoint("generate", GenerateRequest, _generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
-                   server_defaults=lambda settings: {"max_new_tokens": _new_tokens(settings)}, info=_draft_info),
-    _task_endpoint("fill-mask", FillMaskRequest, _fill_mask, defaults=("top_k",)),
-    _task_endpoint("classify", ClassifyRequest, _classify, info=lambda m: {"labels": label_names(m.model)},
-                   upload=_classify_upload),
-    Endpoint("transcribe", None, tasks.USES["transcribe"].needs, lambda m: tasks.USES["transcribe"].can(m.model,
-                                                                                                       m.tokenizer),
-             None, upload=_transcribe),
-    Endpoint("attention", AttentionRequest, "a GPT or a BERT (arch decoder or encoder; a translator's attention comes "
-             "with /translate and attention: true)",
-             lambda m: m.arch in ("encoder", "decoder") and reads_tokens(m.model.cfg), _attention),
-)
+ATTENTION = Endpoint("attention", AttentionRequest, "a GPT or a BERT (arch decoder or encoder; a translator's "
+                     "attention comes with /translate and attention: true)",
+                     lambda m: m.arch in ("encoder", "decoder") and reads_tokens(m.model.cfg), _attention)
+OTHER_ENDPOINTS: tuple[Endpoint, ...] = (ATTENTION,)  # the model endpoints that are no task's use
+
+
+def model_endpoints() -> tuple[Endpoint, ...]:
+    """Every model endpoint: each task's (``TaskSpec.endpoint``, in the order tasks/ registers them),
+    then ``OTHER_ENDPOINTS``; read when asked, so that a task registered later has its endpoint."""
+    return (*(_task_endpoint(spec) for spec in tasks.TASKS.values() if spec.endpoint is not None), *OTHER_ENDPOINTS)
 
 
 def create_app(models: list[LoadedModel], settings: ServeSettings | None = None) -> FastAPI:
@@ -582,7 +347,7 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     _answer_errors(app)
     _guard_every_request(app, ctx)
     _fixed_endpoints(app, ctx)
-    for endpoint in MODEL_ENDPOINTS:  # the model endpoints: the table's
+    for endpoint in model_endpoints():  # the model endpoints: the table's
         app.add_api_route("/" + endpoint.name, _route(endpoint, ctx), methods=["POST"], name=endpoint.name)
     return app
 
@@ -625,7 +390,7 @@ def _answer_errors(app: FastAPI) -> None:
 
 def _guard_every_request(app: FastAPI, ctx: Context) -> None:
     """Every request: size limit, key, metrics, one log line."""
-    counted = {*FIXED, *("/" + e.name for e in MODEL_ENDPOINTS)}  # the paths metrics name; any other is "other"
+    counted = {*FIXED, *("/" + e.name for e in model_endpoints())}  # the paths metrics name; any other is "other"
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -690,7 +455,7 @@ def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[di
                 raise Refused(400, f"/{endpoint.name}: a file upload needs a model that reads images or recordings "
                                    f"(inputs kind patches or spectrogram); model {m.name!r} reads text: send JSON")
             if not form.data:
-                raise Refused(422, f"file: the upload {_quoted(form.filename)} is empty; expected "
+                raise Refused(422, f"file: the upload {quoted(form.filename)} is empty; expected "
                                    f"{UPLOADS[input_kind(m.model.cfg).name]}")
             return await endpoint.upload(form, m, ctx)
         data = await _json(request)
@@ -713,7 +478,7 @@ async def _form(request: Request) -> Upload:
                            f"{', '.join(FORM_FIELDS)}") from None
     unknown = [key for key in form.keys() if key not in FORM_FIELDS]
     if unknown:
-        raise Refused(422, f"{_cut(unknown[0])}: unknown field; the form takes {', '.join(FORM_FIELDS)}")
+        raise Refused(422, f"{cut(unknown[0])}: unknown field; the form takes {', '.join(FORM_FIELDS)}")
     upload, model, attention = form.get("file"), form.get("model"), form.get("attention", "false")
     if upload is None or isinstance(upload, str):
         raise Refused(422, "file: required field missing; expected a file upload (an image or a WAV file)")
@@ -728,18 +493,7 @@ async def _form(request: Request) -> Upload:
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """An error's answer, ``{"error": message}``, the message cut at MESSAGE characters: each
     value of the request it quotes is cut already (``_cut``); this guards against one that was not."""
-    return JSONResponse({"error": _cut(message, MESSAGE)}, status_code=status, headers=headers)
-
-
-def _cut(text: str, limit: int = SHOWN) -> str:
-    """``text``, or its first ``limit`` characters and "…": what an error quotes of a request,
-    so that a field name or a value of a megabyte is not sent back whole."""
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _quoted(text: str) -> str:
-    """``text`` cut (``_cut``) and quoted as Python quotes a string."""
-    return repr(_cut(text))
+    return JSONResponse({"error": cut(message, MESSAGE)}, status_code=status, headers=headers)
 
 
 def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
@@ -806,7 +560,7 @@ async def _json(request: Request) -> Any:
     except RecursionError:
         raise Refused(422, "the body is nested too deeply") from None
     except ValueError as err:  # a number the hooks let by and Python cannot read: none known
-        raise Refused(422, f"the body is not valid JSON ({_cut(str(err))})") from None
+        raise Refused(422, f"the body is not valid JSON ({cut(str(err))})") from None
     fault = _unreadable(data)
     if fault is not None:
         raise Refused(422, fault)
@@ -833,7 +587,7 @@ def _float(literal: str) -> float | Unreadable:
     if too_long is not None:
         return too_long
     value = float(literal)
-    return value if math.isfinite(value) else Unreadable(f"{_cut(literal)} is out of range (not a finite number)")
+    return value if math.isfinite(value) else Unreadable(f"{cut(literal)} is out of range (not a finite number)")
 
 
 def _constant(name: str) -> Unreadable:
@@ -864,7 +618,7 @@ def _unreadable(data: Any) -> str | None:
         if isinstance(item, str):
             bad = SURROGATE.search(item)
             if bad is not None:
-                what = f"the field name {_quoted(item)} is not" if is_key else "not"
+                what = f"the field name {quoted(item)} is not" if is_key else "not"
                 return f"{_field(where)}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
         elif isinstance(item, dict):
             for key, value in reversed(item.items()):  # popped in the body's order
@@ -877,13 +631,13 @@ def _unreadable(data: Any) -> str | None:
 
 def _join(where: str, part: Any) -> str:
     """The path of a field inside ``where``, each part cut (``_cut``): a key may be a megabyte long."""
-    part = _cut(str(part))
+    part = cut(str(part))
     return f"{where}.{part}" if where else part
 
 
 def _field(where: str) -> str:
     """A field's path as an error names it: "body" for the whole, cut when nested deep."""
-    return _cut(where or "body", 2 * SHOWN)
+    return cut(where or "body", 2 * SHOWN)
 
 
 def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
@@ -892,7 +646,7 @@ def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
         return schema.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        where = _field(".".join(_cut(str(part)) for part in first.get("loc", ())))
+        where = _field(".".join(cut(str(part)) for part in first.get("loc", ())))
         if first.get("type") == "extra_forbidden":
             raise Refused(422, f"{where}: unknown field") from None
         if first.get("type") == "missing":

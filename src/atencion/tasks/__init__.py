@@ -29,7 +29,11 @@ from typing import Any
 from ..errors import AtencionError
 from ..fileio import need_dir
 from ..nn.model_dir import directory_kind, load_config, read_towers_file
+
+# isort: off  (the order they register in: of the commands in `atencion --help`, of the endpoints in /info)
 from . import classify, contrastive, lm, mlm, transcribe, translate  # noqa: F401  (each registers its SPEC)
+
+# isort: on
 from .base import TASKS, USES, Task, TaskBatch, TaskSpec, check_model, describe, flag, model_task, uses
 
 __all__ = ["TASKS", "USES", "Task", "TaskBatch", "TaskSpec", "check_model", "describe", "evaluate", "make_task",

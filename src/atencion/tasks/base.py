@@ -28,6 +28,7 @@ from ..arguments import Command
 from ..config import ModelConfig
 from ..data.batching import token_batches
 from ..data.tokenizer import PAD_ID, Tokenizer, check_text
+from ..endpoint import TaskEndpoint
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
@@ -58,6 +59,7 @@ class TaskSpec:
     evaluate_required: tuple[str, ...]  # those it must be given
     metrics: tuple[str, ...] = ()  # what its validation measures beside the loss (train.early_stop_metric may name one)
     command: Command | None = None  # its command, `atencion USE`: arguments and runner (cli.py reads it)
+    endpoint: TaskEndpoint | None = None  # its endpoint, POST /USE: schema and handler (serve/app.py reads it)
     # the training config (train/config.py)
     data_keys: tuple[str, ...] = ()  # the data section's keys it reads (one it does not read is refused when given)
     check_config: Callable[[TrainConfig, str], None] | None = None  # its own checks of a config (source for messages)

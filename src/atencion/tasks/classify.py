@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
 from ..arguments import POSITIVE, TTA_SHIFT_HELP, Command, bounded, warner
@@ -29,6 +30,7 @@ from ..data.corpus import read_lines
 from ..data.images import rotate_images, shift_images, shifted_views
 from ..data.text import read_labelled_lines
 from ..data.tokenizer import PAD_ID, Tokenizer
+from ..endpoint import Refused, RequestBody, TaskEndpoint, Upload, unprocessable, uploaded
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.inputs import INPUTS, input_kind, read_inputs
@@ -358,6 +360,49 @@ def evaluate_classifier_dir(model: str, options: dict[str, Any], warn=None) -> d
     return evaluate_file(model, options, "tsv", score)
 
 
+# the endpoint: POST /classify (`atencion serve`) --------------------------------------------------
+
+
+class ClassifyRequest(RequestBody):
+    """POST /classify: see ``tasks.classify.classify_probabilities``."""
+
+    texts: list[str] = Field(min_length=1)
+    model: str | None = None
+
+
+async def serve_classify(body: ClassifyRequest, m, ctx) -> dict[str, Any]:
+    """POST /classify with JSON texts: each checked against the server's limits, then labelled."""
+    settings = ctx.settings
+    if len(body.texts) > settings.max_sentences:
+        raise Refused(422, f"texts: {len(body.texts)} texts, more than the limit of {settings.max_sentences} "
+                           f"per request")
+    for i, text in enumerate(body.texts):
+        ctx.check_length(f"texts.{i}", text)
+    with unprocessable():
+        sentence_ids(m.model, m.tokenizer, body.texts, settings.max_tokens, lambda i: f"texts.{i}")
+    probabilities = await ctx.run(m, lambda: classify_probabilities(
+        m.model, m.tokenizer, body.texts, settings.batch_tokens, settings.max_tokens, lambda i: f"texts.{i}",
+        what="texts"))
+    names = label_names(m.model)
+    return {"model": m.name, "predictions": [prediction(names, row) for row in probabilities.tolist()]}
+
+
+async def serve_classify_upload(form: Upload, m, ctx) -> dict[str, Any]:
+    """An image's or a recording's label; with ``attention``, the [CLS] (or pooled) attention and
+    its rollout (``InputAttention.to_json``)."""
+    def work():
+        with uploaded(form) as path:
+            row = classify_paths(m.model, [path], ctx.settings.batch_tokens, lambda i: "file")[0].tolist()
+            return prediction(label_names(m.model), row), ctx.input_attention(m, path) if form.attention else None
+
+    answer, attention = await ctx.run(m, work)
+    return {"model": m.name, "predictions": [answer]} | ({"attention": attention} if form.attention else {})
+
+
+ENDPOINT = TaskEndpoint(ClassifyRequest, serve_classify, info=lambda m: {"labels": label_names(m.model)},
+                        upload=serve_classify_upload)
+
+
 # the command: `atencion classify` -----------------------------------------------------------------
 
 def add_classify_arguments(p: argparse.ArgumentParser) -> None:
@@ -390,6 +435,6 @@ SPEC = register_task(TaskSpec(
     needs="a model with a classification head (task classify)", can=can_classify,
     evaluate=evaluate_classifier_dir, evaluate_options=("tsv", "tta_shift"), evaluate_required=("tsv",),
     metrics=("accuracy",),
-    command=COMMAND,
+    endpoint=ENDPOINT, command=COMMAND,
     data_keys=(*TOKENIZER_KEYS, "train_tsv", "valid_tsv", "header", "empty_lines", "max_len", "shift", "rotate"),
     model_defaults={"decoder": {"pooling": "last"}}, stand_in={"num_labels": 2}, longest=sentence_positions))

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor
 
 from ..arguments import COUNT, DRAFT_TOKENS, NON_NEGATIVE, Command, bounded, draft_tokens_of, warner
@@ -32,6 +34,7 @@ from ..data.tokens import TokenStream, write_tokens
 from ..decode.sample import generate_ids
 from ..decode.settings import SamplingConfig, sampling_config
 from ..decode.speculative import check_draft, speculative_ids
+from ..endpoint import Refused, RequestBody, TaskEndpoint, cut, unprocessable
 from ..errors import AtencionError, Diverged
 from ..fileio import need_dir, need_file
 from ..nn.model_dir import load_model_dir
@@ -498,6 +501,82 @@ def evaluate_lm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
         warn))
 
 
+# the endpoint: POST /generate (`atencion serve`) --------------------------------------------------
+
+
+SMALLEST = 1e-30  # the least positive temperature and top_p of /generate (float32's smallest normal: 1.2e-38)
+NEW_TOKENS = 100  # /generate's max_new_tokens when a request gives none (at most the server's limit)
+
+
+class GenerateRequest(RequestBody):
+    """POST /generate: see ``tasks.lm.generate_text``; max_new_tokens None is NEW_TOKENS (at most the limit).
+
+    temperature is 0 (greedy) or from SMALLEST (1e-30) to 100, top_p from SMALLEST to 1: sampling
+    runs in float32, where a smaller positive number is 0 (below 1.4e-45) or subnormal, and
+    dividing the logits by it or cutting the nucleus at it makes no distribution to draw from. A
+    value that small is refused (422 naming the field) rather than guessed at; any temperature or
+    top_p near SMALLEST already samples the greedy text."""
+
+    prompt: str = ""
+    model: str | None = None
+    max_new_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    num_samples: int = Field(1, ge=1)
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _not_too_small(cls, value: float, info: ValidationInfo) -> float:
+        if 0 < value < SMALLEST:
+            greedy = "0 for greedy decoding or " if info.field_name == "temperature" else ""
+            raise PydanticCustomError("too_small_for_float32", f"{value!r} is too small for float32, where "
+                                                               f"sampling runs; give {greedy}at least {SMALLEST:g}")
+        return value
+
+
+def default_new_tokens(settings) -> int:
+    """/generate's max_new_tokens when a request gives none."""
+    return min(NEW_TOKENS, settings.max_new_tokens)
+
+
+async def serve_generate(body: GenerateRequest, m, ctx) -> dict[str, Any]:
+    """POST /generate: the prompt and the settings checked against the server's limits, then sampled
+    (``generate_text``) on the model's worker."""
+    settings = ctx.settings
+    new_tokens = body.max_new_tokens or default_new_tokens(settings)
+    if new_tokens > settings.max_new_tokens:
+        raise Refused(422, f"max_new_tokens: {cut(str(new_tokens))} is more than the limit of "
+                           f"{settings.max_new_tokens}")
+    if body.num_samples > settings.max_samples:
+        raise Refused(422, f"num_samples: {cut(str(body.num_samples))} is more than the limit of "
+                           f"{settings.max_samples}")
+    ctx.check_length("prompt", body.prompt)
+    with unprocessable():
+        ids = check_prompt(m.model, m.tokenizer, body.prompt, new_tokens, "prompt")
+    ctx.check_length("prompt", body.prompt, len(ids))
+    sampling = SamplingConfig(new_tokens, body.temperature, body.top_k, body.top_p, body.seed, body.num_samples,
+                              SamplingConfig.draft_tokens if m.draft is None else m.draft.tokens)
+    draft = None if m.draft is None else m.draft.model
+    texts = await ctx.run(m, lambda: generate_text(m.model, m.tokenizer, body.prompt, sampling, what="prompt",
+                                                   draft=draft))
+    return {"model": m.name, "prompt": body.prompt, "texts": texts}
+
+
+def draft_info(m) -> dict[str, Any]:
+    """/info's "draft" of a model that generates: the draft model /generate speculates with, or None."""
+    if m.draft is None:
+        return {"draft": None}
+    return {"draft": {"path": m.draft.path, "draft_tokens": m.draft.tokens,
+                      "parameters": m.draft.model.num_parameters()}}
+
+
+ENDPOINT = TaskEndpoint(GenerateRequest, serve_generate, defaults=("temperature", "top_k", "top_p", "num_samples"),
+                        server_defaults=lambda settings: {"max_new_tokens": default_new_tokens(settings)},
+                        info=draft_info)
+
+
 # the command: `atencion generate` -----------------------------------------------------------------
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -571,7 +650,7 @@ SPEC = register_task(TaskSpec(
     label_smoothing=0.0, training=LMTask, use="generate", needs="a decoder-only model (arch decoder)",
     can=can_generate, evaluate=evaluate_lm_dir, evaluate_options=("text", "block_size"),
     evaluate_required=("text",),
-    command=COMMAND,
+    endpoint=ENDPOINT, command=COMMAND,
     data_keys=(*TOKENIZER_KEYS, "train_text", "valid_text", "valid_fraction", "train_tokens", "valid_tokens",
                "tokenizer_dir", "block_size"),
     check_config=check_lm_config, longest=block_positions))

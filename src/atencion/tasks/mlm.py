@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
 from ..arguments import Command, bounded, warner
@@ -20,6 +21,7 @@ from ..data.batching import token_batches
 from ..data.corpus import read_lines
 from ..data.text import mask_tokens
 from ..data.tokenizer import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer, check_text
+from ..endpoint import RequestBody, TaskEndpoint, unprocessable
 from ..errors import AtencionError, Diverged
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
@@ -296,6 +298,30 @@ def evaluate_mlm_dir(model: str, options: dict[str, Any], warn=None) -> dict:
         what=path, warn=warn))
 
 
+# the endpoint: POST /fill-mask (`atencion serve`) -------------------------------------------------
+
+
+class FillMaskRequest(RequestBody):
+    """POST /fill-mask: see ``tasks.mlm.fill_mask``."""
+
+    text: str
+    model: str | None = None
+    top_k: int = Field(5, ge=1, le=100)
+
+
+async def serve_fill_mask(body: FillMaskRequest, m, ctx) -> dict[str, Any]:
+    """POST /fill-mask: the text checked against the server's limit, its masks filled on the model's worker."""
+    ctx.check_length("text", body.text)
+    with unprocessable():
+        pieces = len(masked_ids(m.tokenizer, body.text, "text")) - 2
+    ctx.check_length("text", body.text, pieces)
+    masks = await ctx.run(m, lambda: fill_mask(m.model, m.tokenizer, body.text, body.top_k, "text"))
+    return {"model": m.name, "masks": [[{"token": token, "probability": p} for token, p in mask] for mask in masks]}
+
+
+ENDPOINT = TaskEndpoint(FillMaskRequest, serve_fill_mask, defaults=("top_k",))
+
+
 # the command: `atencion fill-mask` ----------------------------------------------------------------
 
 def add_fill_mask_arguments(p: argparse.ArgumentParser) -> None:
@@ -327,6 +353,6 @@ SPEC = register_task(TaskSpec(
     metric="loss", label_smoothing=0.0, training=MLMTask, use="fill-mask",
     needs="an encoder (arch encoder) whose vocabulary has <mask> (task mlm)", can=can_fill_mask,
     evaluate=evaluate_mlm_dir, evaluate_options=("text",), evaluate_required=("text",),
-    command=COMMAND,
+    endpoint=ENDPOINT, command=COMMAND,
     data_keys=(*TOKENIZER_KEYS, "train_text", "valid_text", "valid_fraction", "mask_probability", "max_len"),
     longest=sentence_positions))

@@ -26,6 +26,7 @@ from ..data.corpus import CorpusError, read_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, decode_sources
+from ..endpoint import TaskEndpoint, Upload, uploaded
 from ..errors import AtencionError
 from ..evaluate import score
 from ..fileio import atomic_write, need_file, need_output_file
@@ -228,6 +229,27 @@ def evaluate_transcriber(model: str, options: dict[str, Any], warn=None) -> dict
     return evaluate_file(model, options, "tsv", score_file)
 
 
+# the endpoint: POST /transcribe (`atencion serve`) ------------------------------------------------
+
+
+async def serve_transcribe(form: Upload, m, ctx) -> dict[str, Any]:
+    """A recording's transcript, decoded greedily (beam 1, as the speech configs decode); with
+    ``attention``, the decoder's cross-attention over the encoder's positions for each character."""
+    def work():
+        with uploaded(form) as path:
+            if form.attention:
+                attention = ctx.input_attention(m, path)
+                return attention["text"], attention
+            return transcribe_paths(m.model, m.tokenizer, [path], DecodeConfig(beam=1), where=lambda i: "file")[0][0]\
+                .text, None
+
+    text, attention = await ctx.run(m, work)
+    return {"model": m.name, "text": text} | ({"attention": attention} if form.attention else {})
+
+
+ENDPOINT = TaskEndpoint(None, None, upload=serve_transcribe)  # recordings only: a multipart form
+
+
 # the command: `atencion transcribe` ---------------------------------------------------------------
 
 def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
@@ -262,5 +284,5 @@ SPEC = register_task(TaskSpec(
     use="transcribe", needs="a speech-to-text model (task transcribe)", can=can_transcribe,
     evaluate=evaluate_transcriber, evaluate_options=("tsv",), evaluate_required=("tsv",),
     metrics=("exact_match", "bleu", "chrf"),
-    command=COMMAND,
+    endpoint=ENDPOINT, command=COMMAND,
     data_keys=(*TOKENIZER_KEYS, "train_tsv", "valid_tsv", "max_len"), longest=target_positions))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from ..arguments import COUNT, POSITIVE, Command, add_decoding_arguments, decode_config_of, warner
@@ -21,6 +22,7 @@ from ..data.corpus import read_lines, read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, translate_lines
+from ..endpoint import Refused, RequestBody, TaskEndpoint
 from ..errors import AtencionError
 from ..evaluate import evaluate, score
 from ..fileio import atomic_write, need_file, need_output_file
@@ -219,6 +221,61 @@ def evaluate_translator(model: str, options: dict[str, Any], warn=None) -> dict:
                     int8=options.get("int8", False), max_src_tokens=options.get("max_input_tokens", 0))
 
 
+# the endpoint: POST /translate (`atencion serve`) -------------------------------------------------
+
+
+class TranslateRequest(RequestBody):
+    """POST /translate."""
+
+    sentences: list[str] = Field(min_length=1)
+    model: str | None = None
+    beam: int = Field(4, ge=1, le=16)
+    alpha: float = Field(0.6, ge=0.0, le=10.0)
+    nbest: int = Field(1, ge=1, le=16)
+    max_len_a: float = Field(1.0, ge=0.0, le=10.0)
+    max_len_b: int = Field(50, ge=0, le=1024)
+    attention: bool = False
+
+
+def _source_pieces(i: int, sentence: str, m, settings) -> int:
+    """The subword pieces of a request's ``i``-th sentence; 422 for an empty one or one over the limit."""
+    if not sentence.strip():
+        raise Refused(422, f"sentences.{i}: the sentence is empty")
+    if len(sentence) > 40 * settings.max_tokens:  # surely too many pieces: don't even encode it
+        raise Refused(422, f"sentences.{i}: {len(sentence)} characters, too long (at most "
+                           f"{settings.max_tokens} subword pieces per sentence)")
+    pieces = len(m.tokenizer.encode_src(sentence.strip()))
+    if pieces > settings.max_tokens:
+        raise Refused(422, f"sentences.{i}: {pieces} subword pieces, more than the limit of {settings.max_tokens}")
+    return pieces
+
+
+async def serve_translate(body: TranslateRequest, m, ctx) -> dict[str, Any]:
+    """POST /translate: the sentences checked (count, length, nbest), translated by the server's batcher
+    with the requests that arrive with them."""
+    settings = ctx.settings
+    if len(body.sentences) > settings.max_sentences:
+        raise Refused(422, f"sentences: {len(body.sentences)} sentences, more than the limit of "
+                           f"{settings.max_sentences} per request")
+    if body.nbest > body.beam:
+        raise Refused(422, f"nbest: {body.nbest} is more than beam ({body.beam})")
+    tokens = sum(_source_pieces(i, sentence, m, settings) + 1 for i, sentence in enumerate(body.sentences))
+    decode = DecodeConfig(beam=body.beam, alpha=body.alpha, max_len_a=body.max_len_a, max_len_b=body.max_len_b)
+    results, attention = await ctx.translate(m, body.sentences, tokens, decode, body.nbest, body.attention)
+    out = []
+    for k, hyps in enumerate(results):
+        item: dict[str, Any] = {"text": hyps[0].text, "score": round(hyps[0].score, 4),
+                                "nbest": [{"text": h.text, "score": round(h.score, 4)} for h in hyps]}
+        if attention is not None:
+            item["attention"] = attention[k]
+        out.append(item)
+    return {"model": m.name, "translations": out}
+
+
+ENDPOINT = TaskEndpoint(TranslateRequest, serve_translate,
+                        defaults=("beam", "alpha", "nbest", "max_len_a", "max_len_b"))
+
+
 # the command: `atencion translate` ----------------------------------------------------------------
 
 def add_translate_arguments(p: argparse.ArgumentParser) -> None:
@@ -254,7 +311,7 @@ SPEC = register_task(TaskSpec(
     use="translate", needs="a translator (arch encoder-decoder or rnn)", can=can_translate,
     evaluate=evaluate_translator, evaluate_options=("src", "ref", "output", "raw_ref", "recase_from", "lang"),
     evaluate_required=("src", "ref"), metrics=("bleu",),
-    command=COMMAND,
+    endpoint=ENDPOINT, command=COMMAND,
     data_keys=(*TOKENIZER_KEYS, "train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv",
                "empty_lines", "max_len", "joint"),
     check_config=check_translate_config, longest=target_positions))
