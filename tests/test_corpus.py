@@ -87,6 +87,6 @@ def test_reference_config_documents_every_key():
     for name, cls in SECTIONS.items():
         assert set(reference[name]) == {f.name for f in dataclasses.fields(cls)}, name
     text = open("configs/reference.yaml").read()
-    from atencion.train.config import MODEL_KEYS
+    from atencion.config import MODEL_KEYS
     for key in MODEL_KEYS - {"preset"}:
         assert f"# {key}:" in text, key

@@ -13,11 +13,11 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from atencion.config import ModelConfig
+from atencion.config import MODEL_KEYS, ModelConfig
 from atencion.data.corpus import CorpusError, read_lines, read_parallel
 from atencion.errors import AtencionError
 from atencion.fileio import read_json
-from atencion.train.config import MODEL_KEYS, SECTIONS, TrainConfig, load_config
+from atencion.train.config import SECTIONS, TrainConfig, load_config
 from atencion.viz.attention import format_pharaoh, parse_pharaoh
 
 # No "explain" phase: it traces every line run, which takes minutes on a deeply nested file.

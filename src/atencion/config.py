@@ -489,6 +489,12 @@ def check_memory(cfg: ModelConfig, bytes_per_parameter: int, memory: int | None,
                         f"{human_bytes(memory)}: make the model smaller")
 
 
+# The keys a training config's model section may hold (train/config.py; each tower of task contrastive's):
+# ModelConfig's fields and a preset's name. The vocabulary sizes and special ids come from the trained
+# tokenizer, the labels from the data, the task from the config's task: key.
+MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
+    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels", "task"}
+
 ARCHS = ("encoder-decoder", "encoder", "decoder", "rnn")
 TWO_STACKS = ("encoder-decoder", "rnn")   # the archs with an encoder and a decoder: translators
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,9 +33,6 @@ from ..errors import AtencionError, Diverged
 from ..fileio import need_file
 from ..nn.model_dir import load_model_dir
 from ..nn.positional import position_limit
-
-if TYPE_CHECKING:
-    from ..train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +59,12 @@ class TaskSpec:
     endpoint: TaskEndpoint | None = None  # its endpoint, POST /USE: schema and handler (serve/app.py reads it)
     # the training config (train/config.py)
     data_keys: tuple[str, ...] = ()  # the data section's keys it reads (one it does not read is refused when given)
-    check_config: Callable[[TrainConfig, str], None] | None = None  # its own checks of a config (source for messages)
+    check_config: Callable[[Any, str], None] | None = None  # its own checks of a TrainConfig (source for messages)
     model_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)  # arch → what it adds to
                                    # the model section unless given (classify: a decoder pools its last token)
     stand_in: dict[str, Any] = field(default_factory=dict, hash=False)  # what its data decides about the model,
                                    # stood in for before the data is read (classify: two labels)
-    longest: Callable[[TrainConfig], tuple[int, str]] | None = None  # (length, key): the longest sequence its data
+    longest: Callable[[Any], tuple[int, str]] | None = None  # (length, key): the longest sequence its data
                                    # gives, for the positions check (None: its model reads no positions of text)
     check_model_section: Callable[[dict, str], None] | None = None  # a model section of its own (contrastive's
                                    # towers), checked in place of the ordinary one's keys and model
@@ -91,12 +88,12 @@ def flag(option: str) -> str:
 TOKENIZER_KEYS = ("tokenizer", "vocab_size", "model_type", "character_coverage")
 
 
-def sentence_positions(cfg: TrainConfig) -> tuple[int, str]:
+def sentence_positions(cfg) -> tuple[int, str]:
     """The longest sequence of a task reading sentences of data.max_len tokens between <s> and </s>."""
     return cfg.data.max_len + 2, "data.max_len"
 
 
-def target_positions(cfg: TrainConfig) -> tuple[int, str]:
+def target_positions(cfg) -> tuple[int, str]:
     """The longest sequence of a decoder writing targets of data.max_len tokens after <s>."""
     return cfg.data.max_len + 1, "data.max_len"
 

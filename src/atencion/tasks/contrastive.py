@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..config import MODEL_KEYS
 from ..data.text import read_labelled_lines
 from ..errors import AtencionError, Diverged
 from ..fileio import need_file
@@ -352,7 +353,6 @@ TOWERS_SECTION = ("towers", "projection")  # its model section
 def check_towers_section(model: dict, source: str) -> None:
     """The model section of a contrastive run: exactly ``towers`` (two named model sections) and
     ``projection`` (a positive width); each tower's own keys are checked as a model section's."""
-    from ..train.config import MODEL_KEYS  # the keys of a model section (train/config.py reads TASKS)
 
     if set(model) != set(TOWERS_SECTION):
         raise AtencionError(f"{source}: task contrastive's model section holds exactly {list(TOWERS_SECTION)} "

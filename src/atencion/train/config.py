@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..config import LOAD_BYTES, PRESETS, TRAIN_BYTES, TWO_STACKS, ModelConfig, check_memory, machine_memory
+from ..config import LOAD_BYTES, MODEL_KEYS, PRESETS, TRAIN_BYTES, TWO_STACKS, ModelConfig, check_memory, machine_memory
 from ..config import number as _number  # strings that spell numbers are numbers (YAML 1.1)
 from ..decode.settings import DecodeConfig
 from ..errors import AtencionError, MissingFileError
@@ -214,10 +214,6 @@ class TrainConfig:
 
 
 SECTIONS = {"data": DataConfig, "train": OptimConfig, "decode": DecodeConfig}
-# The vocabulary sizes and special ids come from the trained tokenizer, the labels from the data,
-# the task from the config's task: key.
-MODEL_KEYS = {"preset"} | {f.name for f in dataclasses.fields(ModelConfig)} - {
-    "vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "num_labels", "labels", "task"}
 # Choices spelled yes and no beside other words ("auto"), which YAML 1.1 reads as true and false.
 YES_NO = {"data.header"}
 # What a model started from train.init_from may change (regularisation and the new head); any
