@@ -189,3 +189,15 @@ def test_the_command_says_what_is_built_and_used(capsys):
     assert main(["kernels", "status"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("cpu: ") and "build: " in out and "used: " in out
+
+
+def test_warm_makes_a_decoders_whole_step_choice_before_any_request(loaded, monkeypatch):
+    if loaded.decoder_step is None:
+        pytest.skip("no whole-step kernel here")
+    monkeypatch.setattr(matvec, "KERNELS", loaded)
+    timed = []
+    monkeypatch.setattr(fused, "_time_whole_step", lambda *a: timed.append(a) or (1e-3, 2e-3))
+    model = _llama()
+    assert fused.warm(model) == [(1, True)] and len(timed) == 1
+    assert _decodes_whole(model) and len(timed) == 1  # the first decoding measures nothing
+    assert fused.warm(Transformer(small_config(arch="encoder-decoder"))) == []  # a translator: no whole step

@@ -171,6 +171,22 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
     return out.view_as(x)
 
 
+def warm(model: nn.Module, rows: tuple[int, ...] = (1,)) -> list[tuple[int, bool]]:
+    """Make the whole-step choice of a decoder-only ``model`` (``_whole_step_wins``: timed once per shape,
+    recorded) at each number of ``rows``, as its first decoding step would: (rows, whether the whole step
+    is used) where it applies. The server calls it before it listens (serve/run.py), with ``matvec.warm``."""
+    decoder = getattr(model, "decoder", None)
+    if decoder is None or getattr(model.cfg, "arch", None) != "decoder":
+        return []
+    made = []
+    with torch.no_grad():
+        for r in rows:
+            planned = plan(decoder, r)
+            if planned is not None:
+                made.append((r, _whole_step_wins(decoder, r, planned, (layout(r), for_kernel(planned)))))
+    return made
+
+
 def _whole_step_wins(decoder: nn.Module, rows: int, planned: list[LayerParams], fused: tuple) -> bool:
     """Whether the whole-step kernel is the faster way to decode ``rows`` rows of ``decoder`` here
     (``matvec.Kernels.whole_step_wins``, measured once per shape and recorded); int8 layers take it

@@ -50,17 +50,19 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
 
 def warm_kernels(models: list[LoadedModel]) -> None:
     """Build (once per CPU) and load the decoding kernels, and measure them against F.linear at the shapes of
-    every served model (and draft) that decodes on the CPU in float32 (nn/matvec.py ``warm``), before the
-    server listens: the first request pays for neither. Where they cannot be built, one warning line says why."""
+    every served model (and draft) that decodes on the CPU in float32 (nn/matvec.py ``warm``), and a
+    decoder's whole step against its layers (nn/fused.py ``warm``), before the server listens: the first
+    request pays for none of it. Where they cannot be built, one warning line says why."""
     import torch
 
-    from ..nn import matvec
+    from ..nn import fused, matvec
 
     for m in models:
         for model in (m.model, m.draft.model if m.draft is not None else None):
             first = next(model.parameters(), None) if model is not None else None
             if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
                 matvec.warm(model)
+                fused.warm(model)  # a decoder's whole step against its layers (one token per request row)
 
 
 def api_key(given: str | None) -> str | None:
