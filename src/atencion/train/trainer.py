@@ -365,6 +365,22 @@ class Trainer:
             advice = " with a lower learning rate" + ("" if t.clip_norm else " (train.clip_norm helps too)")
         return _where(self.ckpt_dir, words, advice)
 
+    def _show(self, bar, stats: dict[str, Any], last_log: tuple[float, int]) -> None:
+        """The progress bar after an update: its loss, rate, tokens per second and epoch."""
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
+                            tok_s=f"{self._tok_s(last_log):.0f}", epoch=self.state["epoch"] + 1)
+
+    def _limit_reached(self, step: int) -> str | None:
+        """Why training stops after update ``step`` ("max_steps", "time_limit": on any process), or None.
+        Every process asks about the time at every step (``_any_process`` is a collective)."""
+        t = self.cfg.train
+        reached = "max_steps" if t.max_steps and step >= t.max_steps else None
+        if t.time_limit_minutes and self._any_process(self.state["train_seconds"] >= 60 * t.time_limit_minutes):
+            reached = reached or "time_limit"
+        return reached
+
     def _run(self) -> dict[str, Any]:
         t = self.cfg.train
         start = time.time() - self.state["train_seconds"]
@@ -381,10 +397,7 @@ class Trainer:
                 self.state["update_in_epoch"] += 1
                 self.state["train_seconds"] = time.time() - start
                 step = self.state["step"]
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
-                                    tok_s=f"{self._tok_s(last_log):.0f}", epoch=self.state["epoch"] + 1)
+                self._show(bar, stats, last_log)
                 if step % t.log_every == 0:
                     self._log({"step": step, "epoch": self.state["epoch"] + 1, **stats, **self._routing_record(),
                                "tok_s": round(self._tok_s(last_log)), "seconds": round(self.state["train_seconds"], 1)})
@@ -392,11 +405,8 @@ class Trainer:
                 if t.valid_every and step % t.valid_every == 0:
                     stop = self._validate_and_save()
                     last_log = (time.time(), self.state["target_tokens"])
-                if t.max_steps and step >= t.max_steps:
-                    stop = stop or "max_steps"
-                if t.time_limit_minutes and self._any_process(
-                        self.state["train_seconds"] >= 60 * t.time_limit_minutes):
-                    stop = stop or "time_limit"
+                reached = self._limit_reached(step)  # (asked of every process at every step: a collective)
+                stop = stop or reached
                 if stop:
                     break
             else:
