@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ways["atencion's matvec kernel"] = [(lambda w=w: kernel(rows[w.size(1)], w, None), s)
                                             for w, s in zip(weights, size)]
-        if matvec._panels_kernel is not None:
+        panels_kernel = matvec.KERNELS.matmul_panels
+        if panels_kernel is not None:
             laid_out = [matvec.panels(w) for w in weights]
-            ways["atencion's panels kernel"] = [(lambda w=w, p=p: matvec._panels_kernel(rows[w.size(1)], p, w.size(0),
-                                                                                         None), s)
+            ways["atencion's panels kernel"] = [(lambda w=w, p=p: panels_kernel(rows[w.size(1)], p, w.size(0), None), s)
                                                 for w, p, s in zip(weights, laid_out, size)]
     report(ways, args, f"{sum(size) / 1e6:.0f} MB of float32 weights")
 
@@ -122,12 +122,13 @@ def int8_main(args, weights, rows) -> None:
     if matvec.kernel() is None:
         print("atencion's kernel (atencion/nn/matvec.cpp) did not compile here: its row is left out")
     else:
-        ways["atencion's int8 kernel"] = [(lambda q=q: matvec._kernel_int8(rows[q._int8.size(1)], q._int8, q._scales,
-                                                                            q._sums, None), s)
+        int8_kernel = matvec.KERNELS.matvec_int8
+        ways["atencion's int8 kernel"] = [(lambda q=q: int8_kernel(rows[q._int8.size(1)], q._int8, q._scales, q._sums,
+                                                                   None), s)
                                           for q, s in zip(layers, size)]
-        if matvec._int8_panels_kernel is not None:
+        if matvec.KERNELS.matmul_int8_panels is not None:
             laid_out = [matvec.int8_panels(q._int8) for q in layers]
-            ways["atencion's int8 panels"] = [(lambda q=q, p=p: matvec._int8_panels_kernel(
+            ways["atencion's int8 panels"] = [(lambda q=q, p=p: matvec.KERNELS.matmul_int8_panels(
                 rows[q._int8.size(1)], p, q._int8.size(0), q._scales, q._sums, None), s)
                 for q, p, s in zip(layers, laid_out, size)]
     report(ways, args, f"{sum(size) / 1e6:.0f} MB of int8 weights")

@@ -17,6 +17,7 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem no
 # What each script's smoke run must print (a regular expression on stdout + stderr): its table or JSON.
 PRINTS = {
     "ab_versions": r"same beams: True.*time new/old median.*generation, gpt-tiny",
+    "compile_step": r"batch 1: fused step [\d.]+ ms, layer by layer [\d.]+ ms",
     "adapt_lm": r'"base": [\d.]+, "full": [\d.]+, "lora": [\d.]+, "prefix": [\d.]+, "prompt": [\d.]+, "scratch"',
     "bottleneck": r"\| source words \| sentences \|.*\| model \| parameters \| updates \| tokens/s \|",
     "digits_vit": r"ViT, seed 1 .*%.*SVC\(gamma=0\.001\).*training images/s",

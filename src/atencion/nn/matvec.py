@@ -41,6 +41,7 @@ are. The int8 products use VNNI's ``vpdpbusd`` where the CPU has it and AVX2's `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -132,7 +133,9 @@ def missing_tools() -> list[str]:
     return missing
 
 
+@functools.cache
 def _source_digest() -> str:
+    """The kernels' source, hashed (once a process: each measurement's record checks it)."""
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
 
 
@@ -399,18 +402,7 @@ KERNELS = Kernels()  # this process's kernels (its CPU and build folder read whe
 def kernel():
     """The compiled ``matvec`` function (loading, or compiling, the kernels the first time), or None
     where they are switched off or cannot be built."""
-    return KERNELS.matvec if KERNELS.tried else KERNELS.load()
-
-
-def __getattr__(name: str):
-    """The names of the module globals the kernels were once (``_kernel``, ``_panels_kernel``, …): read
-    from ``KERNELS``, for scripts that still read them (benchmarks/matvec.py)."""
-    old = {"_kernel": "matvec", "_kernel_int8": "matvec_int8", "_rms_norm": "rms_norm", "_rotate": "rotate",
-           "_panels_kernel": "matmul_panels", "_int8_panels_kernel": "matmul_int8_panels",
-           "_int8_panels_from": "int8_panels_from", "_attend_one": "attend_one", "_decoder_step": "decoder_step"}
-    if name in old:
-        return getattr(KERNELS, old[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return KERNELS.load()
 
 
 _tracing = torch.jit.is_tracing
