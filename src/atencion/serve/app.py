@@ -55,10 +55,12 @@ from starlette.requests import ClientDisconnect
 
 from .. import tasks
 from ..config import TWO_STACKS
+from ..decode.continuous import Engine
 from ..decode.settings import DecodeConfig
 from ..endpoint import SHOWN, Refused, RequestBody, Upload, cut, quoted, unprocessable
 from ..errors import AtencionError
 from ..nn.inputs import input_kind, reads_tokens
+from . import openai
 from .batching import Batcher, Job, QueueFull, Worker, attention_json, resolve
 from .metrics import Metrics
 
@@ -81,6 +83,8 @@ class ServeSettings:
     max_tokens: int = 256           # subword pieces per sentence (or prompt, or text to fill)
     max_new_tokens: int = 512       # tokens generated per sample (/generate)
     max_samples: int = 16           # samples per /generate request
+    max_sequences: int = 32         # sequences a decoder's /v1 requests decode together (1: one at a time)
+    max_tokens_in_flight: int = 32768  # their prompt and new tokens together at most
     max_body_bytes: int = 1 << 20   # request body size (413 above it)
     max_queue: int = 256            # requests waiting per model (429 above it)
     timeout_s: float = 60.0         # per request, queueing included (504 after it)
@@ -156,7 +160,8 @@ class Context:
     settings: ServeSettings
     metrics: Metrics
     batchers: dict[str, Batcher] = field(default_factory=dict)
-    workers: dict[str, Worker] = field(default_factory=dict)
+    workers: dict[str, Worker | Engine] = field(default_factory=dict)  # a decoder's: its continuous-batching Engine
+    started: int = field(default_factory=lambda: int(time.time()))     # when the server started (/v1/models)
 
     @property
     def by_name(self) -> dict[str, LoadedModel]:
@@ -349,6 +354,7 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
     _fixed_endpoints(app, ctx)
     for endpoint in model_endpoints():  # the model endpoints: the table's
         app.add_api_route("/" + endpoint.name, _route(endpoint, ctx), methods=["POST"], name=endpoint.name)
+    openai.add_routes(app, ctx)
     return app
 
 
@@ -362,6 +368,9 @@ def _lifespan(ctx: Context):
             if "translate" in m.endpoints:
                 ctx.batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
                                                settings.max_queue, ctx.metrics.batch, m.name)
+            elif "generate" in m.endpoints:  # /v1 continuously batched; /generate and /attention between steps
+                ctx.workers[m.name] = Engine(m.model, settings.max_sequences, settings.max_tokens_in_flight,
+                                             settings.max_queue, m.name)
             else:
                 ctx.workers[m.name] = Worker(settings.max_queue, m.name)
         yield
@@ -374,14 +383,14 @@ def _answer_errors(app: FastAPI) -> None:
     """Errors: one JSON object, a 4xx status, never a traceback (a bug: 500, its traceback logged)."""
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
-        return _error(exc.status, str(exc), exc.headers)
+        return _error(exc.status, str(exc), exc.headers, request.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         if exc.status_code == 404:
             message = f"{request.url.path}: no such endpoint; see GET /info"
-        return _error(exc.status_code, message, getattr(exc, "headers", None))
+        return _error(exc.status_code, message, getattr(exc, "headers", None), request.url.path)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception):
@@ -390,7 +399,8 @@ def _answer_errors(app: FastAPI) -> None:
 
 def _guard_every_request(app: FastAPI, ctx: Context) -> None:
     """Every request: size limit, key, metrics, one log line."""
-    counted = {*FIXED, *("/" + e.name for e in model_endpoints())}  # the paths metrics name; any other is "other"
+    # the paths metrics name; any other is "other"
+    counted = {*FIXED, *openai.OPENAI_PATHS, *("/" + e.name for e in model_endpoints())}
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -490,16 +500,22 @@ async def _form(request: Request) -> Upload:
     return Upload(data, upload.filename or "", model, attention.lower() == "true")
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(status: int, message: str, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
     """An error's answer, ``{"error": message}``, the message cut at MESSAGE characters: each
-    value of the request it quotes is cut already (``_cut``); this guards against one that was not."""
-    return JSONResponse({"error": cut(message, MESSAGE)}, status_code=status, headers=headers)
+    value of the request it quotes is cut already (``_cut``); this guards against one that was not.
+    Under /v1/ it has OpenAI's shape (``openai.error_body``), and what atencion's routes answer 422
+    is 400 there, as OpenAI answers it."""
+    message = cut(message, MESSAGE)
+    if path.startswith("/v1/"):
+        status = 400 if status == 422 else status
+        return JSONResponse(openai.error_body(status, message), status_code=status, headers=headers)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _internal_error(request: Request, exc: BaseException) -> JSONResponse:
     """A bug's answer: 500 without the traceback, which goes to the log."""
     log.error("internal error on %s: %s", request.url.path, "".join(traceback.format_exception(exc)))
-    return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving")
+    return _error(500, f"internal error ({type(exc).__name__}); the server keeps serving", path=request.url.path)
 
 
 async def _checked(request: Request, call_next, settings: ServeSettings) -> Response:
@@ -512,22 +528,20 @@ async def _checked(request: Request, call_next, settings: ServeSettings) -> Resp
         if bearer.lower().startswith("bearer "):
             given = given or bearer[7:]
         if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-            return JSONResponse({"error": "missing or wrong API key (header X-API-Key or Authorization: "
-                                          "Bearer KEY)"}, status_code=401)
+            return _error(401, "missing or wrong API key (header X-API-Key or Authorization: Bearer KEY)",
+                          path=request.url.path)
     length = request.headers.get("content-length")
-    too_large = JSONResponse({"error": f"the body is larger than {settings.max_body_bytes} bytes"}, status_code=413)
+    too_large = _error(413, f"the body is larger than {settings.max_body_bytes} bytes", path=request.url.path)
     if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
         return too_large
     if request.method == "POST":
         try:
             body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.read_timeout_s)
         except asyncio.TimeoutError:
-            return JSONResponse({"error": f"the request body did not arrive within {settings.read_timeout_s:g} s; "
-                                          f"the connection is closed"}, status_code=408,
-                                headers={"Connection": "close"})
+            return _error(408, f"the request body did not arrive within {settings.read_timeout_s:g} s; the "
+                               f"connection is closed", {"Connection": "close"}, request.url.path)
         except ClientDisconnect:
-            return JSONResponse({"error": "the client closed the connection before the body was whole"},
-                                status_code=400)
+            return _error(400, "the client closed the connection before the body was whole", path=request.url.path)
         if body is None:  # chunked, and over the limit
             return too_large
         request._body = body  # the endpoint reads it from here

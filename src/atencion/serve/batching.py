@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..decode.continuous import QueueFull
 from ..decode.settings import DecodeConfig
 from ..decode.translate import Translation, translate_lines
 from ..errors import AtencionError
@@ -48,10 +49,6 @@ class Job:
     def options(self) -> tuple[DecodeConfig, int]:
         """The settings a batch must share."""
         return self.decode, self.nbest
-
-
-class QueueFull(AtencionError):
-    """More jobs are queued than the server accepts (answered 429)."""
 
 
 class Batcher:
