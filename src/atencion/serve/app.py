@@ -348,7 +348,7 @@ def create_app(models: list[LoadedModel], settings: ServeSettings | None = None)
         raise AtencionError("serve: give at least one model")
     ctx = Context(models, settings, Metrics())
     app = FastAPI(title="atencion", lifespan=_lifespan(ctx), docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.settings, app.state.metrics = settings, ctx.metrics
+    app.state.settings, app.state.metrics, app.state.context = settings, ctx.metrics, ctx
     _answer_errors(app)
     _guard_every_request(app, ctx)
     _fixed_endpoints(app, ctx)

@@ -39,7 +39,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from ..decode.continuous import TOP_LOGPROBS, Engine, Event, QueueFull, Sequence
-from ..decode.text import TextStream
+from ..decode.text import REPLACEMENT, TextStream
 from ..endpoint import Refused, RequestBody, cut, quoted
 from ..errors import AtencionError
 from ..nn.inputs import reads_tokens
@@ -266,7 +266,14 @@ def _is_param(text: str) -> bool:
 
 def _model_card(m, ctx) -> dict[str, Any]:
     return {"id": m.name, "object": "model", "created": ctx.started, "owned_by": OWNER,
-            "max_model_len": position_limit(m.model.cfg)}
+            "max_model_len": context_length(m.model.cfg)}
+
+
+def context_length(cfg) -> int:
+    """The tokens a request's prompt and new tokens may reach together: ``max_positions``, a learned
+    table's size, or the context a RoPE or sinusoidal model was made for (Hugging Face's
+    max_position_embeddings, which vLLM and llama.cpp's server also take as the context)."""
+    return cfg.max_positions
 
 
 async def _body(request: Request, schema):
@@ -334,14 +341,14 @@ def _new_tokens(asked: int | None, prompt: int, m, ctx) -> int:
     """The new tokens a choice may have: ``asked``, or as many as the model's positions and the
     server's limit leave (None); more than the server allows, or than the positions leave, is refused."""
     limit = ctx.settings.max_new_tokens
-    positions = position_limit(m.model.cfg)
-    room = None if positions is None else positions - prompt
+    positions = context_length(m.model.cfg)
+    room = positions - prompt
     if asked is None:
-        return max(0, min(limit, room if room is not None else limit))
+        return max(0, min(limit, room))
     if asked > limit:
         raise Refused(400, f"max_tokens: {asked} is more than the server's limit of {limit} (serve "
                            f"--max-new-tokens)")
-    if room is not None and asked > room:
+    if asked > room:
         raise Refused(400, f"max_tokens: this model's maximum context length is {positions} tokens; the prompt "
                            f"has {prompt} and {asked} new ones were asked for ({prompt + asked})")
     return asked
@@ -420,8 +427,8 @@ async def _chat(body: ChatRequest, ctx):
         raise Refused(400, f"messages: {err}") from None
     new = _new_tokens(body.max_completion_tokens or body.max_tokens, len(ids), m, ctx)
     if new == 0:
-        raise Refused(400, f"messages: the chat is {len(ids)} tokens, which fills this model's "
-                           f"{position_limit(m.model.cfg)} positions; shorten it")
+        raise Refused(400, f"messages: the chat is {len(ids)} tokens, which fills this model's context of "
+                           f"{context_length(m.model.cfg)}; shorten it")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     generation = Generation(engine, m.tokenizer, [ids], body.n, body, new, stops, logprobs, None)
     answer = Answer("chatcmpl", "chat.completion", m.name)
@@ -564,7 +571,10 @@ def _completion_choice(c: Choice, tokenizer, body: CompletionRequest) -> dict[st
     texts, offsets = _pieces(tokenizer, ids)
 
     def top(alternatives):
-        return {_one(tokenizer, t): v for t, v in alternatives}
+        listed: dict[str, float] = {}
+        for t, v in alternatives:  # most likely first: two tokens of one text keep the likelier's value
+            listed.setdefault(_one(tokenizer, t), v)
+        return listed
 
     choice["logprobs"] = {"tokens": texts, "token_logprobs": [s[0] for s in scored],
                           "top_logprobs": [None if s[0] is None else top(s[1]) for s in scored],
@@ -573,9 +583,12 @@ def _completion_choice(c: Choice, tokenizer, body: CompletionRequest) -> dict[st
 
 
 def _one(tokenizer, token: int) -> str:
+    """A token's text on its own; its piece (as the vocabulary names it) where that is no text: a
+    special token, or part of a character's bytes (which would all read U+FFFD)."""
     from ..tasks.lm import render
 
-    return render(tokenizer, [token]) or tokenizer.piece(token)
+    text = render(tokenizer, [token])
+    return text if text and REPLACEMENT not in text else tokenizer.piece(token)
 
 
 def _chat_logprobs(c: Choice, tokenizer) -> dict[str, Any]:
