@@ -26,6 +26,7 @@ from .arguments import (
     draft_tokens_of,
     warner,
 )
+from .chat import add_chat_arguments, cmd_chat  # (torch is imported when it runs)
 from .errors import AtencionError, Interrupted
 from .interrupt import remembering_ctrl_c
 from .kernels_cli import add_kernels_arguments, cmd_kernels  # (torch is imported when it runs)
@@ -310,6 +311,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=POSITIVE, default=512,
                    help="tokens generated per sample by /generate (default: 512)")
     p.add_argument("--max-samples", type=POSITIVE, default=16, help="samples per /generate request (default: 16)")
+    p.add_argument("--max-sequences", type=POSITIVE, default=32,
+                   help="continuous batching: sequences a decoder's /v1 requests decode together, each joining at the "
+                        "next step and leaving when done; 1 decodes one at a time (default: 32)")
+    p.add_argument("--max-tokens-in-flight", type=POSITIVE, default=32768,
+                   help="continuous batching: prompt and new tokens of the sequences decoded together; a request "
+                        "waits until it fits (default: 32768)")
     p.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20,
                    help="request body size; larger is answered 413 (default: 1 MiB)")
     p.add_argument("--max-queue", type=POSITIVE, default=256,
@@ -344,6 +351,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve_dirs(args.model, args.host, args.port, args.device, args.threads, args.draft, draft_tokens or DRAFT_TOKENS,
                batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms, max_sentences=args.max_sentences,
                max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens, max_samples=args.max_samples,
+               max_sequences=args.max_sequences, max_tokens_in_flight=args.max_tokens_in_flight,
                max_body_bytes=args.max_body_bytes, max_queue=args.max_queue, timeout_s=args.timeout,
                read_timeout_s=args.read_timeout, api_key=args.api_key)
 
@@ -423,6 +431,7 @@ COMMANDS = [
     ("figures", "the course's figures and Table 1, measured here", add_figures_arguments, cmd_figures),
     ("export", "export a model to ctranslate2, hf (Marian), onnx or gguf", add_export_arguments, cmd_export),
     ("serve", "serve models over HTTP, with the attention explorer page", add_serve_arguments, cmd_serve),
+    ("chat", "chat with an instruct model in the terminal, through its chat template", add_chat_arguments, cmd_chat),
     ("average", "average checkpoints", add_average_arguments, cmd_average),
     ("merge-lora", "fold a LoRA model's adapters into plain weights", add_merge_lora_arguments, cmd_merge_lora),
     ("kernels", "the CPU decoding kernels: build them, show what is used, benchmark them against F.linear",

@@ -45,7 +45,8 @@ from ..nn.attention import scaled_dot_product_attention
 from ..nn.cache import DecoderState
 from ..nn.moe import MoEFeedForward
 from ..nn.positional import position_limit, rotate_half, rotates
-from .sample import choose_next, is_greedy
+from ..nn.prefix import places
+from .sample import check_sampling, choose_next, is_greedy
 
 log = logging.getLogger(__name__)
 TOP_LOGPROBS = 20  # the most alternatives a token's log-probabilities list (OpenAI's limit)
@@ -90,6 +91,7 @@ class Sequence:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     cancelled: bool = False
+    ended: bool = False                 # its end was told
     logits: list[Tensor] | None = None  # a list: each chosen token's logits (vocab,) appended (tests compare them)
     # the engine's
     new: int = 0                       # tokens chosen so far
@@ -260,13 +262,25 @@ class Engine:
         return len(self._waiting) + len(self._calls)
 
     def check(self, sequence: Sequence) -> None:
-        """Refuse, in one line, a sequence the engine could never run."""
+        """Refuse, in one line, a sequence the engine could never run: no prompt, a negative number of
+        new tokens, settings that draw no distribution (``check_sampling``), more tokens than the
+        engine holds or than a learned position table has, a prefix's or prompt's virtual places
+        (nn/prefix.py) counted."""
+        if not sequence.ids:
+            raise AtencionError("the prompt has no tokens; give at least one")
+        if isinstance(sequence.max_new_tokens, bool) or not isinstance(sequence.max_new_tokens, int) \
+                or sequence.max_new_tokens < 0:
+            raise AtencionError(f"max_new_tokens must be an integer >= 0, got {sequence.max_new_tokens!r}")
+        check_sampling(sequence.temperature, sequence.top_k, sequence.top_p)
         if sequence.tokens > self.max_tokens:
             raise AtencionError(f"{len(sequence.ids)} prompt tokens and {sequence.max_new_tokens} new ones are "
                                 f"{sequence.tokens}, more than the {self.max_tokens} the server holds in flight")
-        if self.limit is not None and sequence.tokens > self.limit:
-            raise AtencionError(f"{len(sequence.ids)} prompt tokens and {sequence.max_new_tokens} new ones are "
-                                f"{sequence.tokens}, more than this model's {self.limit} positions (max_positions)")
+        virtual = sum(places(self.model.decoder)) if getattr(self.model, "decoder", None) is not None else 0
+        if self.limit is not None and sequence.tokens + virtual > self.limit:
+            extra = f" and {virtual} virtual places (prefix or prompt tuning)" if virtual else ""
+            raise AtencionError(f"{len(sequence.ids)} prompt tokens and {sequence.max_new_tokens} new ones{extra} "
+                                f"are {sequence.tokens + virtual}, more than this model's {self.limit} positions "
+                                f"(max_positions)")
 
     def submit(self, *sequences: Sequence) -> None:
         """Queue ``sequences`` (together: all or none) to join the batch at the next step."""
@@ -334,8 +348,8 @@ class Engine:
             except BaseException as err:  # noqa: BLE001 - every sequence must hear back, whatever happened
                 log.exception("a decoding step failed")
                 for sequence in dict.fromkeys([*joining, *self.running]):
-                    sequence.state = None
-                    sequence.on_event(Event(error=err))
+                    if not sequence.ended:
+                        self._tell(sequence, Event(error=err))
                 self.running = []
                 if self.slots is not None:
                     self.slots.clear()
@@ -349,7 +363,7 @@ class Engine:
             sequence = self._waiting[0]
             if sequence.cancelled:
                 self._waiting.popleft()
-                sequence.on_event(Event(finish="cancelled"))
+                self._tell(sequence, Event(finish="cancelled"))
                 continue
             if len(self.running) + len(joining) >= self.max_sequences or held + sequence.tokens > self.max_tokens:
                 break
@@ -358,14 +372,18 @@ class Engine:
         return joining
 
     def _call(self, call: Call) -> None:
+        """Other work, its result or exception handed to its caller; a caller that is gone (its
+        event loop closed) is logged, and the loop goes on."""
         if call.cancelled:
             return
         try:
-            result = call.work()
+            result, error = call.work(), None
         except BaseException as err:  # noqa: BLE001 - its caller hears of it
-            call.done(None, err)
-        else:
-            call.done(result, None)
+            result, error = None, err
+        try:
+            call.done(result, error)
+        except RuntimeError:  # its loop closed meanwhile (it timed out and left)
+            log.warning("work for the model's thread finished after its caller left")
 
     def _turn(self, joining: list[Sequence]) -> None:
         """One turn of the loop: the cancelled leave, the joining are read (their first token chosen
@@ -425,7 +443,7 @@ class Engine:
             self._end(sequence, Event(error=err), running=False)
             return
         if scored:
-            sequence.on_event(Event(prompt=_prompt_logprobs(logits[0], sequence.ids, sequence.prompt_logprobs)))
+            self._tell(sequence, Event(prompt=_prompt_logprobs(logits[0], sequence.ids, sequence.prompt_logprobs)))
         sequence.state, sequence.length, sequence.position = state, len(state.self_caches[0]), state.offset
         if sequence.max_new_tokens == 0:
             self._end(sequence, Event(finish="length"), running=False)
@@ -447,7 +465,7 @@ class Engine:
         if sequence.logprobs is not None:
             logprobs = logits[0].float().log_softmax(dim=-1)
             event.logprob, event.top = float(logprobs[token]), _top(logprobs, sequence.logprobs)
-        sequence.on_event(event)
+        self._tell(sequence, event)
         sequence.new += 1
         sequence.last = token
         if token in sequence.stop_ids:
@@ -465,7 +483,18 @@ class Engine:
             self.running[row] = self.running[last]
             self.running.pop()
         sequence.state = None
-        sequence.on_event(event)
+        sequence.ended = True
+        self._tell(sequence, event)
+
+    @staticmethod
+    def _tell(sequence: Sequence, event: Event) -> None:
+        """``on_event``; what its owner raises is logged, and the loop goes on for the others."""
+        if event.finish is not None or event.error is not None:
+            sequence.ended = True
+        try:
+            sequence.on_event(event)
+        except Exception:  # noqa: BLE001 - an owner's fault must not stop the model's thread
+            log.exception("a sequence's owner failed on its event")
 
 
 def _device(model) -> torch.device:

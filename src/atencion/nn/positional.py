@@ -380,6 +380,14 @@ def position_limit(cfg) -> int | None:
     return position_kind(cfg).limit(cfg)
 
 
+def context_length(cfg) -> int:
+    """The tokens a model is meant to read at once: a learned table's ``max_positions`` (its hard
+    limit), or the context a RoPE or sinusoidal model was made for, which it can pass but was not
+    trained past (Hugging Face's max_position_embeddings; what llama.cpp's and vLLM's servers take as
+    the context). A chat's history and a served request are held within it."""
+    return position_limit(cfg) or cfg.max_positions
+
+
 def _module(cfg, role: str) -> nn.Module | None:
     check_positional(cfg)  # the kind's own check too, before its module is built
     kind = position_kind(cfg)

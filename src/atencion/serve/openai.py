@@ -43,7 +43,7 @@ from ..decode.text import REPLACEMENT, TextStream
 from ..endpoint import Refused, RequestBody, cut, quoted
 from ..errors import AtencionError
 from ..nn.inputs import reads_tokens
-from ..nn.positional import position_limit
+from ..nn.positional import context_length, position_limit
 
 OWNER = "atencion"
 MAX_STOPS = 4         # stop strings per request (OpenAI's limit)
@@ -267,13 +267,6 @@ def _is_param(text: str) -> bool:
 def _model_card(m, ctx) -> dict[str, Any]:
     return {"id": m.name, "object": "model", "created": ctx.started, "owned_by": OWNER,
             "max_model_len": context_length(m.model.cfg)}
-
-
-def context_length(cfg) -> int:
-    """The tokens a request's prompt and new tokens may reach together: ``max_positions``, a learned
-    table's size, or the context a RoPE or sinusoidal model was made for (Hugging Face's
-    max_position_embeddings, which vLLM and llama.cpp's server also take as the context)."""
-    return cfg.max_positions
 
 
 async def _body(request: Request, schema):
