@@ -161,8 +161,9 @@ PLAN = [(prompt(5, 0), 32, None), (prompt(1, 1), 6, (0, 3)), (prompt(9, 2), 4, (
         (prompt(3, 3), 8, (0, 16)), (prompt(12, 4), 10, (3, 1)), (prompt(2, 5), 3, (0, 20)),
         (prompt(7, 6), 5, (0, 20))]
 
-MODELS = {  # name: (preset, overrides, whether its step splits into batch_step)
+MODELS = {  # name: (preset, overrides, whether its step splits by row[, "layers": without the whole-step kernel])
     "llama-gqa": ("llama-tiny", {}, True),
+    "llama-gqa-layers": ("llama-tiny", {}, True, "layers"),
     "llama-mqa": ("llama-tiny", {"n_kv_heads": 1}, True),
     "llama-mha": ("llama-tiny", {"n_kv_heads": 4}, True),
     "llama-rope-scaled": ("llama-tiny", {"rope_scaling": {"type": "linear", "factor": 2.0}}, True),
@@ -175,10 +176,16 @@ MODELS = {  # name: (preset, overrides, whether its step splits into batch_step)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_joining_mid_generation_matches_each_request_alone(name):
-    preset, overrides, splitting = MODELS[name]
+def test_joining_mid_generation_matches_each_request_alone(name, monkeypatch):
+    from atencion.nn import fused
+
+    preset, overrides, splitting, *layers = MODELS[name]
     model = build(preset, **overrides)
     assert splits(model) is splitting
+    if layers:  # batch_step: the layer-by-layer path, where matvec.cpp's whole step does not apply
+        monkeypatch.setattr(continuous.Engine, "_kernel_plan", lambda self, rows: None)
+    kernel, real = [], continuous.kernel_step
+    monkeypatch.setattr(continuous, "kernel_step", lambda *args: kernel.append(1) or real(*args))
     with engine_of(model) as engine:
         sequences, owners = staggered(engine, PLAN)
         steps = engine.steps
@@ -194,6 +201,9 @@ def test_joining_mid_generation_matches_each_request_alone(name):
         assert steps > 0  # the batched step ran (the rows were not just stepped one by one)
     else:
         assert steps == 0
+    with torch.no_grad():
+        whole_step = fused.plan(model.decoder, 2) is not None  # a Llama block, and the kernels compiled here
+    assert bool(kernel) == (whole_step and not layers)  # each row at its own position in matvec.cpp's step
 
 
 # 2. sampling: a seeded generator draws the same tokens alone and in company -----------------------------
@@ -569,6 +579,7 @@ def test_a_failing_step_ends_every_running_sequence_and_the_engine_serves_on(mon
         return real(*args)
 
     monkeypatch.setattr(continuous, "batch_step", fails_on_the_third)
+    monkeypatch.setattr(continuous.Engine, "_kernel_plan", lambda self, rows: None)  # (the step batch_step takes)
     with engine_of(model, max_sequences=3) as engine:
         owners = [Owner(engine) for _ in range(3)]
         waiting, waiting_ids = Owner(engine), prompt(4, 134)  # no room for it: it waits while the others fail
@@ -600,6 +611,7 @@ def test_a_sequence_that_ended_in_a_failing_turn_hears_one_end(monkeypatch):
         raise RuntimeError("the step failed")
 
     monkeypatch.setattr(continuous, "batch_step", fails)
+    monkeypatch.setattr(continuous.Engine, "_kernel_plan", lambda self, rows: None)
     with engine_of(model) as engine:
         owners = [Owner(engine) for _ in range(3)]
         with stalled(engine):  # all three join in one turn; the middle one ends at once (max_new_tokens 0)

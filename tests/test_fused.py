@@ -124,7 +124,8 @@ def test_the_step_gives_the_same_numbers_on_any_number_of_threads(step_kernel, m
     monkeypatch.setattr(matvec.KERNELS, "decoder_step", lambda *a: calls.append(a) or step_kernel(*a))
     ids = torch.randint(4, 97, (rows, 12), generator=torch.Generator().manual_seed(rows))
     stepped(model, ids, 5)
-    x, layers, keys, values, start, *rest = calls[-1]
+    x, layers, keys, values, starts, *rest = calls[-1]
+    start = int(starts[0])  # (a batch decoded together: every row at one position)
     outputs, written = [], []
     threads = torch.get_num_threads()
     try:
@@ -132,7 +133,7 @@ def test_the_step_gives_the_same_numbers_on_any_number_of_threads(step_kernel, m
             torch.set_num_threads(n)
             for buffer in keys + values:
                 buffer[:, :, start].fill_(float("nan"))  # the new keys and values written again each time
-            outputs.append(step_kernel(x, layers, keys, values, start, *rest))
+            outputs.append(step_kernel(x, layers, keys, values, starts, *rest))
             written.append(torch.stack([b[:, :, start] for b in keys + values]))
     finally:
         torch.set_num_threads(threads)
@@ -251,9 +252,9 @@ def test_the_kernel_refuses_parameters_of_the_wrong_shape(step_kernel, which, sh
         model.decode_step(torch.randint(4, 97, (1, 3)), state)
     layers = fused.for_kernel([replaced(params, which, torch.zeros(shape))])
     rooms = [c.room(4) for c in state.self_caches]
-    x, cs = torch.zeros(1, 64), torch.zeros(16)
+    x, cs, starts = torch.zeros(1, 64), torch.zeros(1, 16), torch.full((1,), 3)
     with pytest.raises(RuntimeError, match="decoder_step: (each weight|each bias|RMSNorm)"):
-        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], starts, cs, cs, 4, 4, 1e-6, 0.25)
 
 
 @pytest.mark.parametrize("rows", [1, 3], ids=["rows", "int8-panels"])
@@ -274,6 +275,6 @@ def test_the_kernel_refuses_int8_parameters_of_the_wrong_shape(step_kernel, rows
         model.decode_step(torch.randint(4, 97, (rows, 3)), state)
     layers = fused.for_kernel([replaced(params, which, torch.zeros(shape, dtype=dtype))])
     rooms = [c.room(4) for c in state.self_caches]
-    x, cs = torch.zeros(rows, 64), torch.zeros(16)
+    x, cs, starts = torch.zeros(rows, 64), torch.zeros(rows, 16), torch.full((rows,), 3)
     with pytest.raises(RuntimeError, match="decoder_step: (each|every) (int8 )?(weight|bias)"):
-        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], 3, cs, cs, 4, 4, 1e-6, 0.25)
+        step_kernel(x, layers, [r[0] for r in rooms], [r[1] for r in rooms], starts, cs, cs, 4, 4, 1e-6, 0.25)

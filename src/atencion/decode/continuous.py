@@ -225,6 +225,26 @@ def batch_step(model, slots: Slots, tokens: Tensor, lengths: Tensor, positions: 
     return model.generator(x)[:, 0]
 
 
+def kernel_step(model, slots: Slots, tokens: Tensor, lengths: Tensor, positions: Tensor, layers: list) -> Tensor:
+    """``batch_step`` by matvec.cpp's whole-step kernel (nn/fused.py: a Llama-style decoder on a CPU where it
+    compiled), every layer in one call, each row at its own position over its own keys: ``layers`` the
+    kernel's plan for this many rows (``fused.for_kernel``)."""
+    from ..nn import fused
+
+    decoder, cfg = model.decoder, model.cfg
+    rows = tokens.size(0)
+    x = decoder.embed(tokens).contiguous()
+    cos, sin = decoder.relative.span(0, int(positions.max()) + 1)
+    slots.ensure(rows, int(lengths.max()) + 1, x)
+    out = fused.run_step(decoder, x, layers, [k[:rows] for k in slots.keys], [v[:rows] for v in slots.values],
+                         lengths.contiguous(), cos[positions].contiguous(), sin[positions].contiguous())
+    if decoder.final_norm is not None:
+        out = decoder.final_norm(out)
+    if cfg.scale_output:
+        out = out * cfg.d_model ** -0.5
+    return model.generator(out)
+
+
 @dataclass
 class Call:
     """Other work for the model's thread (``Engine.run``), and where its result goes."""
@@ -246,6 +266,7 @@ class Engine:
         self.split = splits(model)
         self.limit = position_limit(model.cfg)
         self.slots = Slots(model) if self.split else None
+        self._kernel_layers: dict[tuple[bool, bool], list | None] = {}  # the whole-step kernel's plans, by layout
         self.running: list[Sequence] = []     # in row order
         self._waiting: deque[Sequence] = deque()
         self._calls: deque[Call] = deque()
@@ -429,7 +450,24 @@ class Engine:
         lengths = torch.tensor([s.length for s in stepping], device=device)
         positions = torch.tensor([s.position for s in stepping], device=device)
         self.steps += 1
+        layers = self._kernel_plan(len(stepping))
+        if layers is not None:
+            return kernel_step(self.model, self.slots, tokens, lengths, positions, layers)
         return batch_step(self.model, self.slots, tokens, lengths, positions)
+
+    def _kernel_plan(self, rows: int) -> list | None:
+        """The whole-step kernel's layers for ``rows`` rows (made once per layout, kept), or None where it
+        does not apply (nn/fused.py ``plan``: not a Llama-style decoder in float32 or int8 on a CPU where
+        the kernels compiled, ATENCION_FUSED=0, more rows than ``matvec.PANEL_ROWS``)."""
+        from ..nn import fused, matvec
+
+        if rows > matvec.PANEL_ROWS or _device(self.model).type != "cpu":
+            return None
+        key = fused.layout(rows) if matvec.kernel() is not None else (False, False)
+        if key not in self._kernel_layers:
+            planned = fused.plan(self.model.decoder, rows)
+            self._kernel_layers[key] = None if planned is None else fused.for_kernel(planned)
+        return self._kernel_layers[key]
 
     def _join(self, sequence: Sequence) -> None:
         """Read the prompt whole (``decode_step`` on caches of its own), choose the first token."""

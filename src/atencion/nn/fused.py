@@ -159,16 +159,26 @@ def step(decoder: nn.Module, x: Tensor, mask: Tensor | None, state: DecoderState
         return None
     start = len(caches[0])
     rooms = [cache.room(start + 1) for cache in caches]
-    attn = decoder.layers[0].self_attn
     cos, sin = positions.rotary
     _, layers = state.fused
-    out = matvec.KERNELS.decoder_step(x.reshape(rows, -1), layers, [r[0] for r in rooms], [r[1] for r in rooms],
-                                      start, cos.contiguous(), sin.contiguous(), attn.h, attn.g,
-                                      decoder.layers[0].res_self.norm.eps or torch.finfo(torch.float32).eps,
-                                      attn.d_k ** -0.5 if attn.scale is None else attn.scale)
+    starts = torch.full((rows,), start, dtype=torch.long)
+    out = run_step(decoder, x.reshape(rows, -1), layers, [r[0] for r in rooms], [r[1] for r in rooms], starts,
+                   cos.expand(rows, -1).contiguous(), sin.expand(rows, -1).contiguous())
     for cache in caches:
         cache.written(start + 1)
     return out.view_as(x)
+
+
+def run_step(decoder: nn.Module, x: Tensor, layers: list, keys: list[Tensor], values: list[Tensor], starts: Tensor,
+             cos: Tensor, sin: Tensor) -> Tensor:
+    """matvec.cpp's ``decoder_step``: ``x`` (rows, d_model) the new tokens embedded, ``layers`` a plan's
+    (``for_kernel``), per layer the key and value buffers (rows, kv heads, capacity, d_k), row r's new key
+    written at ``starts[r]`` and its query seeing the keys before it too, ``cos``, ``sin`` (rows, d_k) each
+    row's angles; the residual stream after every layer."""
+    attn = decoder.layers[0].self_attn
+    return matvec.KERNELS.decoder_step(x, layers, keys, values, starts, cos, sin, attn.h, attn.g,
+                                       decoder.layers[0].res_self.norm.eps or torch.finfo(torch.float32).eps,
+                                       attn.d_k ** -0.5 if attn.scale is None else attn.scale)
 
 
 def warm(model: nn.Module, rows: tuple[int, ...] = (1,)) -> list[tuple[int, bool]]:

@@ -753,23 +753,30 @@ struct __attribute__((visibility("hidden"))) Layer {
 
 torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<std::shared_ptr<Layer>>& layer_list,
                            const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                           int64_t start, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
-                           int64_t kv_heads, double eps, double scale) {
+                           const torch::Tensor& starts, const torch::Tensor& cos, const torch::Tensor& sin,
+                           int64_t heads, int64_t kv_heads, double eps, double scale) {
   // x: (m, d) float32, each row's new token embedded. layer_list: a Layer per layer (above), every weight float32
   // or every weight int8 (the rows of x then quantized before each product as matvec_int8 does).
-  // keys, values: per layer a buffer (m, kv_heads, capacity > start, d_k) whose first `start` positions hold the
-  // cache; the new key and value are written at `start`. cos, sin: (d_k)
-  // of the new position. Returns the residual stream after the last layer, (m, d).
+  // keys, values: per layer a buffer (m, kv_heads, capacity, d_k); starts: (m) int64, row r's first starts[r]
+  // positions hold its cache, its new key and value are written at starts[r] (capacity > every start), and its
+  // query sees its starts[r] + 1 keys: rows of one batch at positions of their own (decode/continuous.py's
+  // sequences), or all at one (a batch decoded together). cos, sin: (m, d_k), each row's new position's angles.
+  // Returns the residual stream after the last layer, (m, d).
 #if SIMD
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) >= 1 && x.size(0) <= 16,
               "decoder_step: x (m <= 16, d) float32");
   const int64_t layers = int64_t(keys.size()), m = x.size(0), d = x.size(1), d_k = d / heads;
+  TORCH_CHECK(starts.dim() == 1 && starts.size(0) == m && starts.scalar_type() == at::kLong && starts.is_contiguous(),
+              "decoder_step: starts (m) int64");
+  const int64_t* start_of = starts.data_ptr<int64_t>();
+  const int64_t start = *std::max_element(start_of, start_of + m);
+  TORCH_CHECK(*std::min_element(start_of, start_of + m) >= 0, "decoder_step: starts >= 0");
   const int64_t per = heads / kv_heads, width = (heads + 2 * kv_heads) * d_k, T = start + 1;
   TORCH_CHECK(layers >= 1 && int64_t(layer_list.size()) == layers && int64_t(values.size()) == layers &&
               heads % kv_heads == 0 && d_k * heads == d && d_k % 16 == 0 && d_k <= 256,
               "decoder_step: one Layer and one key/value buffer per layer, d_k a multiple of 16 up to 256");
-  TORCH_CHECK(cos.numel() == d_k && sin.numel() == d_k && cos.is_contiguous() && sin.is_contiguous(),
-              "decoder_step: cos and sin (d_k)");
+  TORCH_CHECK(cos.numel() == m * d_k && sin.numel() == m * d_k && cos.is_contiguous() && sin.is_contiguous(),
+              "decoder_step: cos and sin (m, d_k)");
   for (const auto& L : layer_list) TORCH_CHECK(L != nullptr, "decoder_step: a Layer per layer, not None");
   std::vector<const Layer*> P;
   for (const auto& L : layer_list) P.push_back(L.get());
@@ -864,9 +871,9 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<std::shared
 #pragma omp single
       for (int64_t r = 0; r < m; ++r) {
         float* row = qkv.data() + r * width;
-        turn_heads(row, heads + kv_heads, d_k, C, S);
+        turn_heads(row, heads + kv_heads, d_k, C + r * d_k, S + r * d_k);
         for (int64_t j = 0; j < kv_heads; ++j) {
-          const int64_t at = ((r * kv_heads + j) * capacity + start) * d_k;
+          const int64_t at = ((r * kv_heads + j) * capacity + start_of[r]) * d_k;
           std::memcpy(K + at, row + (heads + j) * d_k, d_k * sizeof(float));
           std::memcpy(V + at, row + (heads + kv_heads + j) * d_k, d_k * sizeof(float));
         }
@@ -878,7 +885,8 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<std::shared
         const float* k = K + (r * kv_heads + j) * capacity * d_k;
         const float* v = V + (r * kv_heads + j) * capacity * d_k;
         float* o = attended.data() + r * d + j * per * d_k;
-        attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, T, float(scale), weights.data() + t * per * T, o);
+        attend_head(d_k, queries, d_k, per, k, d_k, v, d_k, start_of[r] + 1, float(scale), weights.data() + t * per * T,
+                    o);
       }
       add(apply(L.out, attended.data(), d, d, sublayer.data()));
 #pragma omp barrier
