@@ -9,7 +9,7 @@ another kind is answered 400, saying which endpoints it has. A decoder given a d
 greedy text, and samples from the same distribution, as without it; /info names the draft.
 Every error is a JSON object ``{"error": "..."}`` with a 4xx status that says what was wrong,
 never a traceback, quoting at most ``SHOWN`` characters of any value sent; see ``ServeSettings``
-for the limits, and ``_json`` for the numbers a body may hold.
+for the limits, and serve/body.py for the numbers a body may hold.
 
 The model endpoints are a table, ``model_endpoints()``: one ``Endpoint`` each, in the spirit of a
 litgpt ``LitAPI`` (decode the request, predict, encode the response): each task's use, from its
@@ -37,8 +37,6 @@ import asyncio
 import hmac
 import json
 import logging
-import math
-import re
 import time
 import traceback
 from contextlib import aclosing, asynccontextmanager
@@ -49,7 +47,7 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -57,19 +55,18 @@ from .. import tasks
 from ..config import TWO_STACKS
 from ..decode.continuous import Engine
 from ..decode.settings import DecodeConfig
-from ..endpoint import SHOWN, Refused, RequestBody, Upload, cut, quoted, unprocessable
+from ..endpoint import Refused, RequestBody, Upload, cut, quoted, unprocessable
 from ..errors import AtencionError
 from ..nn.inputs import input_kind, reads_tokens
 from . import openai
 from .batching import Batcher, Job, QueueFull, Worker, attention_json, resolve
+from .body import read_json, validate
 from .metrics import Metrics
 
 log = logging.getLogger("atencion.serve")
 FIXED = ("/", "/health", "/info", "/metrics")  # the paths /metrics counts by name besides the model endpoints'
 STATIC = ("explorer.js", "explorer.css")
 TYPES = {"explorer.js": "text/javascript", "explorer.css": "text/css"}
-SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no Unicode character
-DIGITS = 100    # the longest number a body may hold, in digits (Python converts at most 4,300 to an int)
 MESSAGE = 1000  # the characters of an error message at most (a last guard: no message of ours comes near)
 
 
@@ -468,13 +465,13 @@ def _route(endpoint: Endpoint, ctx: Context) -> Callable[[Request], Awaitable[di
                 raise Refused(422, f"file: the upload {quoted(form.filename)} is empty; expected "
                                    f"{UPLOADS[input_kind(m.model.cfg).name]}")
             return await endpoint.upload(form, m, ctx)
-        data = await _json(request)
+        data = await read_json(request)
         name = data.get("model") if isinstance(data, dict) else None
         m = ctx.model(name if isinstance(name, str) else None, endpoint)
         if endpoint.schema is None or not reads_tokens(m.model.cfg):
             raise Refused(400, f"/{endpoint.name}: model {m.name!r} reads {input_kind(m.model.cfg).takes}: upload "
                                f"{UPLOADS[input_kind(m.model.cfg).name]} as the multipart form field 'file'")
-        return await endpoint.handler(_validate(endpoint.schema, data), m, ctx)
+        return await endpoint.handler(validate(endpoint.schema, data), m, ctx)
     return answer
 
 
@@ -558,114 +555,6 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
             if len(body) > limit:
                 return None
     return bytes(body)
-
-
-async def _json(request: Request) -> Any:
-    """The body decoded as JSON, whatever its content type says, every number in it one that JSON
-    has and Python reads (``_integer``, ``_float``, ``_constant``), every string valid Unicode; a
-    422 saying why not otherwise."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_int=_integer, parse_float=_float, parse_constant=_constant)
-    except UnicodeDecodeError as err:
-        raise Refused(422, f"the body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise Refused(422, f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    except RecursionError:
-        raise Refused(422, "the body is nested too deeply") from None
-    except ValueError as err:  # a number the hooks let by and Python cannot read: none known
-        raise Refused(422, f"the body is not valid JSON ({cut(str(err))})") from None
-    fault = _unreadable(data)
-    if fault is not None:
-        raise Refused(422, fault)
-    return data
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """What the JSON parser puts in place of a number the server does not read; ``why`` says why.
-    The parser's hooks know the number but not its field: ``_unreadable`` finds it and names it."""
-
-    why: str
-
-
-def _integer(literal: str) -> int | Unreadable:
-    """An integer literal of the body: at most DIGITS digits. Python converts at most 4,300 (a
-    longer one raised ValueError inside json.loads, a 500), and no field takes a number near 100."""
-    return _too_long(literal) or int(literal)
-
-
-def _float(literal: str) -> float | Unreadable:
-    """A literal with a fraction or an exponent: at most DIGITS digits, and finite (1e999 reads as inf)."""
-    too_long = _too_long(literal)
-    if too_long is not None:
-        return too_long
-    value = float(literal)
-    return value if math.isfinite(value) else Unreadable(f"{cut(literal)} is out of range (not a finite number)")
-
-
-def _constant(name: str) -> Unreadable:
-    """NaN, Infinity or -Infinity: Python's JSON reads them; JSON has no such number."""
-    return Unreadable(f"{name} is not a number")
-
-
-def _too_long(literal: str) -> Unreadable | None:
-    """A number literal of more than DIGITS digits, refused, or None."""
-    digits = sum(c.isdigit() for c in literal)
-    if digits > DIGITS:
-        return Unreadable(f"a number of {digits} digits, more than the {DIGITS} the server reads")
-    return None
-
-
-def _unreadable(data: Any) -> str | None:
-    """Where the decoded JSON ``data`` holds what the server does not read, named as a field
-    ("sentences.1: ..."), or None: a number the parser refused (``Unreadable``), or a string that is
-    not valid Unicode. JSON may escape half of a surrogate pair alone ("\\ud83d"), which Python
-    decodes to a string that no UTF-8 can carry: the tokenizers and the response would fail on it.
-    Every string is looked at, field names and the model's name too, walking the body without
-    recursion (it may be nested as deep as the parser allows)."""
-    stack: list[tuple[str, Any, bool]] = [("", data, False)]
-    while stack:
-        where, item, is_key = stack.pop()
-        if isinstance(item, Unreadable):
-            return f"{_field(where)}: {item.why}"
-        if isinstance(item, str):
-            bad = SURROGATE.search(item)
-            if bad is not None:
-                what = f"the field name {quoted(item)} is not" if is_key else "not"
-                return f"{_field(where)}: {what} valid Unicode (a lone surrogate at character {bad.start() + 1})"
-        elif isinstance(item, dict):
-            for key, value in reversed(item.items()):  # popped in the body's order
-                stack.append((_join(where, key), value, False))
-                stack.append((where, key, True))
-        elif isinstance(item, list):
-            stack.extend((_join(where, i), value, False) for i, value in reversed(list(enumerate(item))))
-    return None
-
-
-def _join(where: str, part: Any) -> str:
-    """The path of a field inside ``where``, each part cut (``_cut``): a key may be a megabyte long."""
-    part = cut(str(part))
-    return f"{where}.{part}" if where else part
-
-
-def _field(where: str) -> str:
-    """A field's path as an error names it: "body" for the whole, cut when nested deep."""
-    return cut(where or "body", 2 * SHOWN)
-
-
-def _validate(schema: type[BaseModel], data: Any) -> BaseModel:
-    """``data`` validated against ``schema``; a 422 naming the (first) field otherwise."""
-    try:
-        return schema.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = _field(".".join(cut(str(part)) for part in first.get("loc", ())))
-        if first.get("type") == "extra_forbidden":
-            raise Refused(422, f"{where}: unknown field") from None
-        if first.get("type") == "missing":
-            raise Refused(422, f"{where}: required field missing") from None
-        raise Refused(422, f"{where}: {first['msg']}") from None
 
 
 def _describe(m: LoadedModel, settings: ServeSettings) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from ..endpoint import Refused, RequestBody, cut, quoted
 from ..errors import AtencionError
 from ..nn.inputs import reads_tokens
 from ..nn.positional import context_length, position_limit
+from .body import read_json, validate
 
 OWNER = "atencion"
 MAX_STOPS = 4         # stop strings per request (OpenAI's limit)
@@ -271,9 +272,7 @@ def _model_card(m, ctx) -> dict[str, Any]:
 
 async def _body(request: Request, schema):
     """The JSON body validated against ``schema``, with OpenAI's words for what atencion does not do."""
-    from .app import _json, _validate
-
-    data = await _json(request)
+    data = await read_json(request)
     if isinstance(data, dict):
         for key in UNSUPPORTED:
             if data.get(key) not in (None, [], {}):
@@ -285,7 +284,7 @@ async def _body(request: Request, schema):
                 raise Refused(400, f"{key}: {cut(json.dumps(data[key]))} is not supported; atencion samples "
                                    f"with temperature, top_p, top_k and seed only (give {json.dumps(neutral)} or "
                                    f"leave it out)")
-    return _validate(schema, data)
+    return validate(schema, data)
 
 
 def _neutral(key: str, value: Any) -> bool:
