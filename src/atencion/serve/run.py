@@ -28,22 +28,24 @@ def parse_models(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
-               threads: int = 0, draft: str | None = None, draft_tokens: int = 4, **limits) -> None:
+               threads: int = 0, draft: str | None = None, draft_tokens: int = 4, int8: bool = False,
+               **limits) -> None:
     """`atencion serve`: load the model directories ``models`` ([NAME=]DIR, the first the default)
     and serve them until Ctrl-C or SIGTERM; ``limits`` are ServeSettings fields (api_key: default
     $ATENCION_API_KEY). With ``draft``, a model directory, /generate decodes speculatively
     (``attach_draft``), ``draft_tokens`` proposed per round. A bad key or a port out of range is
     refused in one line before any model is loaded, a host or port it cannot listen on before
-    anything is announced (``serve``)."""
+    anything is announced (``serve``). ``int8``: every model decodes with int8 linear layers (``quantize_int8``,
+    as `translate --int8`), its draft too."""
     settings = ServeSettings(**{**limits, "api_key": api_key(limits.get("api_key"))})
     check_port(port)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    loaded = load_models(models, device)
+    loaded = load_models(models, device, int8)
     if draft is not None:
-        attach_draft(loaded, draft, draft_tokens, device)
+        attach_draft(loaded, draft, draft_tokens, device, int8)
     warm_kernels(loaded)
     serve(loaded, host, port, settings)
 
@@ -127,13 +129,14 @@ def cannot_listen(host: str, port: int, err: OSError) -> str:
     return f"--host {host} --port {port}: cannot listen ({reason})"
 
 
-def load_models(specs: list[str], device: str = "cpu") -> list[LoadedModel]:
+def load_models(specs: list[str], device: str = "cpu", int8: bool = False) -> list[LoadedModel]:
     from ..nn.model_dir import load_model_dir
 
-    return [LoadedModel(name, path, *load_model_dir(path, device)) for name, path in parse_models(specs)]
+    return [LoadedModel(name, path, *load_model_dir(path, device, int8=int8)) for name, path in parse_models(specs)]
 
 
-def attach_draft(models: list[LoadedModel], path: str, tokens: int = 4, device: str = "cpu") -> None:
+def attach_draft(models: list[LoadedModel], path: str, tokens: int = 4, device: str = "cpu",
+                 int8: bool = False) -> None:
     """Give every model that answers /generate the draft model of the directory ``path``, which
     proposes ``tokens`` per round of speculative decoding; a translator, an encoder or a classifier
     is served as it is, without it. Refused in one line before anything is served: no model that
@@ -154,7 +157,7 @@ def attach_draft(models: list[LoadedModel], path: str, tokens: int = 4, device: 
     if not generating:
         raise AtencionError(f"--draft {path}: no served model generates text (a decoder-only model answers "
                             f"/generate); serve one, or leave --draft out")
-    draft, draft_tokenizer = load_model_dir(path, device, what="--draft")
+    draft, draft_tokenizer = load_model_dir(path, device, int8=int8, what="--draft")
     for number, m in enumerate(generating):
         check_draft(m.model, draft, tokens, f"--model {m.path}", f"--draft {path}")
         check_draft_vocabulary(m.path, m.tokenizer, path, draft_tokenizer)
