@@ -372,3 +372,33 @@ def test_a_full_queue_is_429_with_retry_after(dirs):
                 holder.join(30)
         assert httpx.post(url + "/v1/completions", json={"model": "llama", "prompt": "x",
                                                           "max_tokens": 2}).status_code == 200
+
+
+def test_stalled_readers_hold_no_place_in_the_batch(server):
+    """Clients that ask for a stream and never read it: their sequences run to their end (the engine
+    never waits for a reader; what each may hold is its max_tokens), and the others are served."""
+    import socket
+
+    url, ctx = server
+    engine = ctx.workers["llama"]
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "llama", "prompt": "the cat", "max_tokens": 40, "temperature": 0,
+                       "stream": True}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    stalled = []
+    try:
+        for _ in range(6):
+            connection = socket.create_connection((host, int(port)))
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            connection.sendall(request)
+            stalled.append(connection)
+        deadline = time.time() + 20
+        while (engine.running or len(engine)) and time.time() < deadline:
+            time.sleep(0.02)
+        assert engine.running == [] and len(engine) == 0
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+        assert client.completions.create(model="llama", prompt="a dog", max_tokens=3).usage.completion_tokens >= 1
+    finally:
+        for connection in stalled:
+            connection.close()
