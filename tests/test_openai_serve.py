@@ -289,6 +289,9 @@ def test_a_model_without_a_chat_template_answers_chat_naming_completions(client)
     ({"best_of": 3}, "best_of", "not supported"),
     ({"wibble": 1}, "wibble", "unknown field"),
     ({"max_tokens": 0}, "max_tokens", "echo"),
+    ({"logprobs": 1, "stream": True}, "logprobs", "stream"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
+    ({"echo": True, "stream": True}, "echo", "stream"),
 ])
 def test_a_bad_completion_is_one_400_naming_the_parameter(client, kwargs, param, words):
     request = {"model": "llama", "prompt": "the cat", "max_tokens": 4, **kwargs}
@@ -309,6 +312,7 @@ def test_a_bad_completion_is_one_400_naming_the_parameter(client, kwargs, param,
     ({"max_tokens": 5, "max_completion_tokens": 5}, "max_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logprobs": True, "stream": True}, "logprobs"),
 ])
 def test_a_bad_chat_is_one_400_naming_the_parameter(client, kwargs, param):
     request = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], **kwargs}

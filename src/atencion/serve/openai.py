@@ -317,9 +317,16 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 def _check_sampling(body, ctx) -> None:
     """``n`` within the server's limit (serve --max-samples); a temperature or top_p too small for
-    float32 refused as /generate refuses it (tasks/lm.py ``SMALLEST``)."""
+    float32 refused as /generate refuses it (tasks/lm.py ``SMALLEST``); stream_options without a stream,
+    and log-probabilities with one (the chunks carry text, not tokens), refused."""
     from ..tasks.lm import SMALLEST
 
+    if body.stream_options is not None and not body.stream:
+        raise Refused(400, "stream_options: only with stream: true")
+    asked = body.logprobs if isinstance(body, ChatRequest) else body.logprobs is not None
+    if body.stream and asked:
+        raise Refused(400, "logprobs: not with stream: true (the stream carries text); ask for them without "
+                           "streaming")
     if body.n > ctx.settings.max_samples:
         raise Refused(400, f"n: {body.n} choices, more than the server's limit of {ctx.settings.max_samples} "
                            f"(serve --max-samples)")
@@ -412,7 +419,8 @@ async def _chat(body: ChatRequest, ctx):
     if body.top_logprobs is not None and not body.logprobs:
         raise Refused(400, "top_logprobs: needs logprobs: true")
     stops = _stops(body.stop)
-    messages = [{"role": message.role, "content": _content(message, i)} for i, message in enumerate(body.messages)]
+    messages = [{"role": message.role, "content": _content(message, i), **({"name": message.name} if message.name
+                 else {})} for i, message in enumerate(body.messages)]
     try:
         ids = m.tokenizer.src.encode(m.tokenizer.src.render_chat(messages))
     except AtencionError as err:
