@@ -36,6 +36,7 @@ trained models.
 - scale_out: FSDP against DDP on CPU processes, with and without activation checkpointing
 - sequential: a training step's time against sentence length, RNN against Transformer
 - serve_load: load test of `atencion serve`: latency, throughput, batching, overload
+- serve_llm: atencion serve over the OpenAI protocol under streaming load, against llama.cpp's server
 - speculative: speculative decoding's acceptance and speed-up
 - speed: atencion against Hugging Face, CTranslate2 and llama.cpp, training and generation
 

@@ -41,6 +41,8 @@ PRINTS = {
     "scale_out": r"ddp \+ checkpointing .*tok/s fsdp/ddp: [\d.]+",
     "scaling": r'"fit": "with_floor", "alpha": .*"fit": "frontier"',
     "sequential": r"\| 8 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
+    "serve_llm": r"vector width .*\n1 stream\n.*atencion-seq1 .*generate .*2 streams\n.*atencion / atencion-seq1: "
+                 r"[\d.]+x.*greedy agreement",
     "serve_load": r"sequential .*concurrent .*overload: 8 clients.*checks: ",
     "speculative": r"speed-up\s+acceptance.*\n\s*3 .*\(median \[min, max\] over the prompts\)",
     "speed": r"train_tok_s.*lm \(tokens/s\).*llama_b16_greedy",
