@@ -913,8 +913,12 @@ torch::Tensor decoder_step(const torch::Tensor& x, const std::vector<std::shared
 #endif
 }
 
+// The kernels run without Python's lock (their arguments are tensors, read and written by ATen alone), so
+// that the server's event loop answers clients while a model's thread decodes (serve/, decode/continuous.py).
+#define RELEASED pybind11::call_guard<pybind11::gil_scoped_release>()
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("attend_one", &attend_one, "attention of one query per head over a cache");
+  module.def("attend_one", &attend_one, "attention of one query per head over a cache", RELEASED);
   pybind11::class_<Product>(module, "Product", "one product of a layer: weight, bias, int8 scales and sums")
       .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(), pybind11::arg("weight"),
            pybind11::arg("bias"), pybind11::arg("scales"), pybind11::arg("sums"))
@@ -933,13 +937,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def_readonly("gate", &Layer::gate)
       .def_readonly("up", &Layer::up)
       .def_readonly("down", &Layer::down);
-  module.def("decoder_step", &decoder_step, "a generation step of a Llama-style decoder through all its layers");
-  module.def("matvec", &matvec, "x W^T + b for a few rows x");
-  module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row");
-  module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows");
-  module.def("rotate_", &rotate_, "RoPE on the first heads of each position, in place");
-  module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows");
-  module.def("matmul_int8_panels", &matmul_int8_panels, "matvec_int8's product for up to 16 rows, W in VNNI panels");
+  module.def("decoder_step", &decoder_step, "a generation step of a Llama-style decoder through all its layers",
+             RELEASED);
+  module.def("matvec", &matvec, "x W^T + b for a few rows x", RELEASED);
+  module.def("matvec_int8", &matvec_int8, "x W^T + b for a few rows x, W in int8 with a scale per row", RELEASED);
+  module.def("rms_norm", &rms_norm, "nn.RMSNorm's rows", RELEASED);
+  module.def("rotate_", &rotate_, "RoPE on the first heads of each position, in place", RELEASED);
+  module.def("matmul_panels", &matmul_panels, "x W^T + b for up to 16 rows x, W in panels of 16 rows", RELEASED);
+  module.def("matmul_int8_panels", &matmul_int8_panels, "matvec_int8's product for up to 16 rows, W in VNNI panels",
+             RELEASED);
   module.attr("simd") = SIMD;  // the float32 kernels' vector width: 16 (AVX-512), 8 (AVX2) or 0
 #ifdef INT8_PANELS
   module.attr("int8_panels_from") = INT8_PANELS_FROM;  // rows from which int8 layers use the panels
