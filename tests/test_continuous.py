@@ -206,6 +206,32 @@ def test_joining_mid_generation_matches_each_request_alone(name, monkeypatch):
     assert bool(kernel) == (whole_step and not layers)  # each row at its own position in matvec.cpp's step
 
 
+
+@pytest.mark.parametrize("count", [17, 20])
+def test_more_rows_than_the_kernel_takes_are_stepped_in_parts_each_as_alone(count, monkeypatch):
+    """Past PANEL_ROWS (16) rows the whole-step kernel runs in parts of equal size (17: 9 + 8), each
+    over its own rows of the slots; every request still matches itself alone."""
+    from atencion.nn import fused
+
+    model = build("llama-tiny")
+    with torch.no_grad():
+        if fused.plan(model.decoder, 8) is None:
+            pytest.skip("the whole-step kernel does not apply here")
+    sizes, real = [], continuous.kernel_step
+    monkeypatch.setattr(continuous, "kernel_step", lambda *args: sizes.append(len(args[2])) or real(*args))
+    with engine_of(model, max_sequences=count) as engine:
+        owners = [Owner(engine) for _ in range(count)]
+        sequences = [Sequence(prompt(2 + i % 5, 300 + i), 4 + i % 3, owner, temperature=0.0, logits=[])
+                     for i, owner in enumerate(owners)]
+        with stalled(engine):  # all join in one turn
+            engine.submit(*sequences)
+        for owner in owners:
+            owner.wait()
+    assert max(sizes) <= 16 and sum(sizes[:2]) == count and abs(sizes[0] - sizes[1]) <= 1
+    for sequence, owner in zip(sequences, owners):
+        assert owner.tokens == greedy_alone(model, sequence.ids, sequence.max_new_tokens)
+        assert_alone(model, sequence, owner)
+
 # 2. sampling: a seeded generator draws the same tokens alone and in company -----------------------------
 
 SAMPLED = [dict(temperature=0.8, top_k=40, top_p=0.9), dict(temperature=1.3), dict(temperature=1.0, top_p=0.5)]

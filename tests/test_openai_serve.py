@@ -406,3 +406,16 @@ def test_stalled_readers_hold_no_place_in_the_batch(server):
     finally:
         for connection in stalled:
             connection.close()
+
+
+def test_each_model_thread_takes_its_threads_and_warms_its_kernels_before_any_request(dirs, monkeypatch):
+    """Every model runs on a thread of its own (serve/run.py keeps the main thread at one torch thread):
+    that thread takes the server's --threads and warms the kernels there, before the server answers."""
+    from atencion.serve import app as served
+
+    seen = []
+    monkeypatch.setattr(served, "warm", lambda m: seen.append((m.name, threading.current_thread().name,
+                                                               torch.get_num_threads())))
+    with serving([f"llama={dirs['llama']}", f"bert={dirs['bert']}"], threads=1) as (url, _):
+        assert sorted(seen) == [("bert", "worker-bert_0", 1), ("llama", "engine-llama", 1)]
+        assert httpx.get(url + "/health").status_code == 200

@@ -43,6 +43,7 @@ from torch import Tensor
 from ..errors import AtencionError
 from ..nn.attention import scaled_dot_product_attention
 from ..nn.cache import DecoderState
+from ..nn.matvec import PANEL_ROWS
 from ..nn.moe import MoEFeedForward
 from ..nn.positional import position_limit, rotate_half, rotates
 from ..nn.prefix import places
@@ -225,18 +226,21 @@ def batch_step(model, slots: Slots, tokens: Tensor, lengths: Tensor, positions: 
     return model.generator(x)[:, 0]
 
 
-def kernel_step(model, slots: Slots, tokens: Tensor, lengths: Tensor, positions: Tensor, layers: list) -> Tensor:
+def kernel_step(model, slots: Slots, tokens: Tensor, lengths: Tensor, positions: Tensor, layers: list,
+                first: int = 0) -> Tensor:
     """``batch_step`` by matvec.cpp's whole-step kernel (nn/fused.py: a Llama-style decoder on a CPU where it
-    compiled), every layer in one call, each row at its own position over its own keys: ``layers`` the
-    kernel's plan for this many rows (``fused.for_kernel``)."""
+    compiled), every layer in one call, each row at its own position over its own keys: the sequences of
+    the slots' rows ``first`` … ``first + len(tokens) − 1``; ``layers`` the kernel's plan for this many rows
+    (``fused.for_kernel``)."""
     from ..nn import fused
 
     decoder, cfg = model.decoder, model.cfg
     rows = tokens.size(0)
     x = decoder.embed(tokens).contiguous()
     cos, sin = decoder.relative.span(0, int(positions.max()) + 1)
-    slots.ensure(rows, int(lengths.max()) + 1, x)
-    out = fused.run_step(decoder, x, layers, [k[:rows] for k in slots.keys], [v[:rows] for v in slots.values],
+    slots.ensure(first + rows, int(lengths.max()) + 1, x)
+    mine = slice(first, first + rows)
+    out = fused.run_step(decoder, x, layers, [k[mine] for k in slots.keys], [v[mine] for v in slots.values],
                          lengths.contiguous(), cos[positions].contiguous(), sin[positions].contiguous())
     if decoder.final_norm is not None:
         out = decoder.final_norm(out)
@@ -260,7 +264,7 @@ class Engine:
     tokens together at most; ``max_queue``: requests waiting at most (``QueueFull`` beyond)."""
 
     def __init__(self, model, max_sequences: int = 32, max_tokens: int = 32768, max_queue: int = 256,
-                 name: str = "model"):
+                 name: str = "model", start: Callable[[], None] | None = None):
         self.model, self.max_sequences, self.max_tokens, self.max_queue = model, max_sequences, max_tokens, max_queue
         model.eval()
         self.split = splits(model)
@@ -273,8 +277,10 @@ class Engine:
         self._cv = threading.Condition()
         self._stopping = False
         self.steps = 0                        # batched steps run (for tests and metrics)
-        self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(start,), name=f"engine-{name}", daemon=True)
+        self._ready = threading.Event()
         self._thread.start()
+        self._ready.wait()  # ``start`` is done: the engine's thread is ready for requests
 
     # the owner's side (any thread) ---------------------------------------------------------------
 
@@ -352,7 +358,14 @@ class Engine:
 
     # the model's thread --------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, start: Callable[[], None] | None) -> None:
+        try:
+            if start is not None:  # the thread's own settings (torch threads) and warm-up, first
+                start()
+        except Exception:  # noqa: BLE001 - a warm-up that fails must not stop the model's thread
+            log.exception("the engine's start failed")
+        finally:
+            self._ready.set()
         while True:
             with self._cv:
                 while not (self._waiting or self._calls or self.running or self._stopping):
@@ -450,18 +463,21 @@ class Engine:
         lengths = torch.tensor([s.length for s in stepping], device=device)
         positions = torch.tensor([s.position for s in stepping], device=device)
         self.steps += 1
-        layers = self._kernel_plan(len(stepping))
-        if layers is not None:
-            return kernel_step(self.model, self.slots, tokens, lengths, positions, layers)
-        return batch_step(self.model, self.slots, tokens, lengths, positions)
+        rows = len(stepping)
+        parts = -(-rows // PANEL_ROWS)  # the kernel takes up to PANEL_ROWS rows: more in parts of equal size
+        plans = [self._kernel_plan(part.stop - part.start) for part in _parts(rows, parts)]
+        if any(plan is None for plan in plans):
+            return batch_step(self.model, self.slots, tokens, lengths, positions)
+        return torch.cat([kernel_step(self.model, self.slots, tokens[part], lengths[part], positions[part], plan,
+                                      part.start) for part, plan in zip(_parts(rows, parts), plans)])
 
     def _kernel_plan(self, rows: int) -> list | None:
         """The whole-step kernel's layers for ``rows`` rows (made once per layout, kept), or None where it
         does not apply (nn/fused.py ``plan``: not a Llama-style decoder in float32 or int8 on a CPU where
-        the kernels compiled, ATENCION_FUSED=0, more rows than ``matvec.PANEL_ROWS``)."""
+        the kernels compiled, ATENCION_FUSED=0); at most ``PANEL_ROWS`` rows."""
         from ..nn import fused, matvec
 
-        if rows > matvec.PANEL_ROWS or _device(self.model).type != "cpu":
+        if _device(self.model).type != "cpu":
             return None
         key = fused.layout(rows) if matvec.kernel() is not None else (False, False)
         if key not in self._kernel_layers:
@@ -533,6 +549,12 @@ class Engine:
             sequence.on_event(event)
         except Exception:  # noqa: BLE001 - an owner's fault must not stop the model's thread
             log.exception("a sequence's owner failed on its event")
+
+
+def _parts(rows: int, parts: int) -> list[slice]:
+    """``rows`` rows in ``parts`` runs of sizes that differ by one at most."""
+    bounds = [round(i * rows / parts) for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _device(model) -> torch.device:

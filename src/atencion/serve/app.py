@@ -80,6 +80,7 @@ class ServeSettings:
     max_tokens: int = 256           # subword pieces per sentence (or prompt, or text to fill)
     max_new_tokens: int = 512       # tokens generated per sample (/generate)
     max_samples: int = 16           # samples per /generate request
+    threads: int = 0                # torch threads of each model's thread (0: torch's choice)
     max_sequences: int = 32         # sequences a decoder's /v1 requests decode together (1: one at a time)
     max_tokens_in_flight: int = 32768  # their prompt and new tokens together at most
     max_body_bytes: int = 1 << 20   # request body size (413 above it)
@@ -362,18 +363,47 @@ def _lifespan(ctx: Context):
     async def lifespan(app: FastAPI):
         settings = ctx.settings
         for m in ctx.models:
+            start = _model_thread(m, settings.threads)
             if "translate" in m.endpoints:
                 ctx.batchers[m.name] = Batcher(m.model, m.tokenizer, settings.batch_tokens, settings.max_wait_ms,
-                                               settings.max_queue, ctx.metrics.batch, m.name)
+                                               settings.max_queue, ctx.metrics.batch, m.name, start)
             elif "generate" in m.endpoints:  # /v1 continuously batched; /generate and /attention between steps
                 ctx.workers[m.name] = Engine(m.model, settings.max_sequences, settings.max_tokens_in_flight,
-                                             settings.max_queue, m.name)
+                                             settings.max_queue, m.name, start)
             else:
-                ctx.workers[m.name] = Worker(settings.max_queue, m.name)
+                ctx.workers[m.name] = Worker(settings.max_queue, m.name, start)
         yield
         for queue in [*ctx.batchers.values(), *ctx.workers.values()]:
             await asyncio.to_thread(queue.stop)
     return lifespan
+
+
+def _model_thread(m: LoadedModel, threads: int) -> Callable[[], None]:
+    """What a model's thread does first: take ``threads`` torch threads (0: torch's choice), and build
+    and measure the decoding kernels at the model's shapes (``warm``), before any request comes."""
+    def start() -> None:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        warm(m)
+    return start
+
+
+def warm(m: LoadedModel) -> None:
+    """Build (once per CPU) and load the decoding kernels, and measure them against F.linear at the shapes of
+    the model (and its draft) where it decodes on the CPU in float32 (nn/matvec.py ``warm``), and a decoder's
+    whole step against its layers (nn/fused.py ``warm``): on the model's thread, at its threads, as its
+    requests will run. Where they cannot be built, one warning line says why."""
+    import torch
+
+    from ..nn import fused, matvec
+
+    for model in (m.model, m.draft.model if m.draft is not None else None):
+        first = next(model.parameters(), None) if model is not None else None
+        if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
+            matvec.warm(model)
+            fused.warm(model)  # a decoder's whole step against its layers (one token per request row)
 
 
 def _answer_errors(app: FastAPI) -> None:

@@ -55,14 +55,15 @@ class Batcher:
     """The queue and worker thread of one model."""
 
     def __init__(self, model, tokenizer, batch_tokens: int, max_wait_ms: float, max_queue: int,
-                 on_batch: Callable[[int, int], None] | None = None, name: str = "model"):
+                 on_batch: Callable[[int, int], None] | None = None, name: str = "model",
+                 start: Callable[[], None] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.batch_tokens, self.max_wait, self.max_queue = batch_tokens, max_wait_ms / 1000, max_queue
         self.on_batch = on_batch or (lambda sentences, tokens: None)
         self._jobs: deque[Job] = deque()
         self._cv = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._work, name=f"batcher-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._work, args=(start,), name=f"batcher-{name}", daemon=True)
         self._thread.start()
 
     def __len__(self) -> int:
@@ -84,7 +85,9 @@ class Batcher:
 
     # the worker --------------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, start: Callable[[], None] | None) -> None:
+        if start is not None:
+            _started(start)
         while True:
             batch = self._next_batch()
             if batch is None:
@@ -170,9 +173,11 @@ def attention_json(attention) -> dict[str, Any]:
 class Worker:
     """The thread of one model that runs its requests one after another, and their bounded queue."""
 
-    def __init__(self, max_queue: int, name: str = "model"):
+    def __init__(self, max_queue: int, name: str = "model", start: Callable[[], None] | None = None):
         self.max_queue, self.waiting = max_queue, 0
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"worker-{name}")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"worker-{name}",
+                                            initializer=None if start is None else lambda: _started(start))
+        self._executor.submit(lambda: None).result()  # its thread started (``start`` done) before any request
 
     def __len__(self) -> int:
         return self.waiting
@@ -192,6 +197,15 @@ class Worker:
     def stop(self) -> None:
         """Finish the requests already queued, then end the thread."""
         self._executor.shutdown(wait=True)
+
+
+def _started(start: Callable[[], None]) -> None:
+    """A model thread's first work (its torch threads, its kernels warmed): a failure is logged, and the
+    thread serves on (the kernels are then measured at the first request)."""
+    try:
+        start()
+    except Exception:  # noqa: BLE001 - a warm-up that fails must not take the model's thread with it
+        log.exception("a model thread's start failed")
 
 
 def resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future):

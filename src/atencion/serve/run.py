@@ -35,36 +35,24 @@ def serve_dirs(models: list[str], host: str = "127.0.0.1", port: int = 8000, dev
     $ATENCION_API_KEY). With ``draft``, a model directory, /generate decodes speculatively
     (``attach_draft``), ``draft_tokens`` proposed per round. A bad key or a port out of range is
     refused in one line before any model is loaded, a host or port it cannot listen on before
-    anything is announced (``serve``). ``int8``: every model decodes with int8 linear layers (``quantize_int8``,
-    as `translate --int8`), its draft too."""
-    settings = ServeSettings(**{**limits, "api_key": api_key(limits.get("api_key"))})
-    check_port(port)
-    if threads:
-        import torch
+    anything is announced (``serve``). ``int8``: every model decodes with int8 linear layers
+    (``quantize_int8``, as `translate --int8`), its draft too. Each model's thread takes ``threads``
+    torch threads and builds and measures the decoding kernels for it before the server listens
+    (serve/app.py ``warm``), so the first request pays for none of it."""
+    import torch
 
-        torch.set_num_threads(threads)
+    check_port(port)
+    # each model runs on a thread of its own at ``threads`` (ServeSettings.threads); the main thread, the event
+    # loop's, at one: an OpenMP team of the main thread's beside a model thread's would make OpenMP throttle
+    # the spinning of both (more threads than cores), and every barrier of a decoding step would wait for a
+    # wake-up (SmolLM-135M's step: 36 tokens/s on a model thread against 45 on the main thread, 2 cores)
+    settings = ServeSettings(**{**limits, "api_key": api_key(limits.get("api_key")),
+                                "threads": threads or torch.get_num_threads()})
+    torch.set_num_threads(1)
     loaded = load_models(models, device, int8)
     if draft is not None:
         attach_draft(loaded, draft, draft_tokens, device, int8)
-    warm_kernels(loaded)
     serve(loaded, host, port, settings)
-
-
-def warm_kernels(models: list[LoadedModel]) -> None:
-    """Build (once per CPU) and load the decoding kernels, and measure them against F.linear at the shapes of
-    every served model (and draft) that decodes on the CPU in float32 (nn/matvec.py ``warm``), and a
-    decoder's whole step against its layers (nn/fused.py ``warm``), before the server listens: the first
-    request pays for none of it. Where they cannot be built, one warning line says why."""
-    import torch
-
-    from ..nn import fused, matvec
-
-    for m in models:
-        for model in (m.model, m.draft.model if m.draft is not None else None):
-            first = next(model.parameters(), None) if model is not None else None
-            if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
-                matvec.warm(model)
-                fused.warm(model)  # a decoder's whole step against its layers (one token per request row)
 
 
 def api_key(given: str | None) -> str | None:
