@@ -21,7 +21,7 @@ at the end, on an error or Ctrl-C too:
   llama.cpp's source: --llama-server PATH, $LLAMA_SERVER or llama-server on PATH; opt-in, its rows
   left out without it) on atencion's GGUF exports, with ``--parallel`` slots as many as the widest
   phase's streams and continuous batching (``--cont-batching``), threads as atencion's;
-  --llama-server-args adds options (``--no-repack`` where its repacked weights fail);
+  ``--llama-server-args=--no-repack`` adds options (there, where its repacked weights fail);
 - llama.cpp-f32 and llama.cpp-q8_0: llama-cpp-python's OpenAI server (``python -m llama_cpp.server
   --model model-f32.gguf --n_threads T --n_threads_batch T --n_ctx N --interrupt_requests False
   --logits_all False``), opt-in: where ``llama_cpp`` is not installed one line says so and their rows
@@ -496,7 +496,7 @@ def run(args, engines: list[str], work: Path, report: dict) -> dict:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_dir(model_dir)  # as the server reads it
     matvec.warm(model)
-    fused.warm(model)  # as the server does before it listens (serve/run.py warm_kernels)
+    fused.warm(model)  # as the server does before it listens (serve/app.py warm)
     prompts = Prompts(model, tokenizer, args.prompt_tokens, args.new_tokens)
     keys = {(r, c): [(r, c, k) for k in range(c)] for r in range(args.rounds) for c in args.clients}
     prompts.draw([k for ks in keys.values() for k in ks])
@@ -588,7 +588,8 @@ def main(argv=None) -> int:
                              "llama-server rows, with --parallel as many slots as the widest phase and continuous "
                              "batching (default: $LLAMA_SERVER, else llama-server on PATH; none: left out)")
     parser.add_argument("--llama-server-args", default="",
-                        help="more options for llama-server, e.g. '--no-repack' (default: none)")
+                        help="more options for llama-server, given with '=' since they begin with a dash: "
+                             "--llama-server-args=--no-repack (default: none)")
     parser.add_argument("--phase-limit", type=float, default=600.0,
                         help="hard limit of each phase in seconds (and of a server's start, if over 300; default: 600)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure and setting to FILE")
