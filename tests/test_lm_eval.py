@@ -12,8 +12,6 @@ is caught. Offline: local directories and data files only."""
 from __future__ import annotations
 
 import math
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +23,10 @@ yaml = pytest.importorskip("yaml")
 for _module in ("aiohttp", "requests", "tenacity"):  # what lm-eval's API models need (lm-eval[api])
     pytest.importorskip(_module)
 
-import uvicorn  # noqa: E402
 
 from atencion.decode import continuous  # noqa: E402
-from atencion.serve.app import ServeSettings, create_app  # noqa: E402
-from atencion.serve.run import listen, load_models, uvicorn_config  # noqa: E402
 from test_hf_dirs import save_llama_dir  # noqa: E402
+from test_openai_serve import serving  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 MC, GEN = "atencion_tiny_mc", "atencion_tiny_gen"
@@ -76,22 +72,8 @@ def model_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir):
     """`atencion serve` of ``model_dir`` as model "m", in a thread of this process; its URL."""
-    settings = ServeSettings()
-    app = create_app(load_models([f"m={model_dir}"]), settings)
-    sockets = listen("127.0.0.1", 0)
-    port = sockets[0].getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, settings))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serving([f"m={model_dir}"]) as (url, _):
+        yield url
 
 
 def served_args(url: str, model_dir: Path) -> dict:

@@ -103,3 +103,18 @@ def draft_tokens_of(args: argparse.Namespace) -> int | None:
                                 f"--draft-tokens")
         return None
     return DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float, seed_gives: str) -> None:
+    """The sampling options of a command that draws tokens (generate, chat): --temperature (its default
+    ``temperature``), --top-k, --top-p and --seed (the same seed gives ``seed_gives``), as
+    decode/sample.py reads them."""
+    p.add_argument("--temperature", type=NON_NEGATIVE, default=temperature,
+                   help=f"divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: {temperature:g})")
+    p.add_argument("--top-k", type=COUNT, default=0,
+                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
+    p.add_argument("--top-p", type=bounded(float, 0.0, inclusive=False, highest=1.0), default=1.0,
+                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
+                        "in (0, 1]; 1: off (default: 1)")
+    p.add_argument("--seed", type=bounded(int, 0, highest=2**63 - 1),
+                   help=f"seed of the sampler: the same seed gives {seed_gives} (default: a fresh one)")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from .arguments import COUNT, NON_NEGATIVE, bounded
+from .arguments import COUNT, add_sampling_arguments, bounded
 from .errors import AtencionError
 
 PROMPT = "> "  # shown before each line the user types, on a terminal only
@@ -312,16 +312,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
                                     "some templates then write their own)")
     p.add_argument("--max-new-tokens", type=bounded(int, 1, highest=1_000_000), default=256,
                    help="tokens per reply at most (default: 256)")
-    p.add_argument("--temperature", type=NON_NEGATIVE, default=0.7,
-                   help="divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: 0.7)")
-    p.add_argument("--top-k", type=COUNT, default=0,
-                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
-    p.add_argument("--top-p", type=bounded(float, 0.0, inclusive=False, highest=1.0), default=1.0,
-                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
-                        "in (0, 1]; 1: off (default: 1)")
-    p.add_argument("--seed", type=bounded(int, 0, highest=2**63 - 1),
-                   help="seed of the sampler: the same seed and messages give the same replies (default: a fresh "
-                        "one)")
+    add_sampling_arguments(p, 0.7, "the same replies to the same messages")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
     p.add_argument("--threads", type=COUNT, default=0, help="torch threads (default: torch's choice)")
 

@@ -26,7 +26,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from torch import Tensor
 
-from ..arguments import COUNT, DRAFT_TOKENS, NON_NEGATIVE, Command, bounded, draft_tokens_of, warner
+from ..arguments import DRAFT_TOKENS, Command, add_sampling_arguments, bounded, draft_tokens_of, warner
 from ..data.corpus import read_lines
 from ..data.text import epoch_offset, lm_blocks, read_text, split_tail
 from ..data.tokenizer import EOS_ID, Tokenizer, check_text
@@ -587,15 +587,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     prompts.add_argument("--input", help="a file of prompts, one a line: one generation per line")
     p.add_argument("--max-new-tokens", type=bounded(int, 1, highest=1_000_000), default=200,
                    help="tokens generated per sample (default: 200)")
-    p.add_argument("--temperature", type=NON_NEGATIVE, default=1.0,
-                   help="divides the logits: below 1 sharper, above 1 flatter; 0 is greedy (default: 1)")
-    p.add_argument("--top-k", type=COUNT, default=0,
-                   help="draw only among the K most likely tokens; 0: off, 1: greedy (default: 0)")
-    p.add_argument("--top-p", type=bounded(float, 0.0, inclusive=False, highest=1.0), default=1.0,
-                   help="nucleus sampling: draw only among the most likely tokens whose probability reaches P, "
-                        "in (0, 1]; 1: off (default: 1)")
-    p.add_argument("--seed", type=bounded(int, 0, highest=2**63 - 1),
-                   help="seed of the sampler: the same seed gives the same text (default: a fresh one)")
+    add_sampling_arguments(p, 1.0, "the same text")
     p.add_argument("--num-samples", type=bounded(int, 1, highest=1000), default=1,
                    help="samples per prompt, drawn together as one batch (default: 1)")
     p.add_argument("--chat", action="store_true",
