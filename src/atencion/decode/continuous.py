@@ -172,8 +172,8 @@ class Slots:
         step, into buffers of its own), at ``position``: for a sequence left alone."""
         state = model.init_state()
         for i, cache in enumerate(state.self_caches):
-            cache.k = self.keys[i][row: row + 1, :, :length].clone()
-            cache.v = self.values[i][row: row + 1, :, :length].clone()
+            cache.k = self.keys[i][row: row + 1, :, :length]  # views: its next step copies them into its own
+            cache.v = self.values[i][row: row + 1, :, :length]  # buffers (KVCache.room), before the row is reused
         state.offset = position
         return state
 

@@ -622,10 +622,9 @@ async def _embed(body: EmbeddingRequest, ctx):
     if not texts or len(texts) > MAX_PROMPTS:
         raise Refused(400, f"input: {len(texts)} inputs; give 1 to {MAX_PROMPTS}")
     pad = m.tokenizer.specials.pad if m.tokenizer.foreign else PAD_ID
-    rows = []
+    rows, limit = [], min(ctx.settings.max_tokens, position_limit(m.model.cfg) or ctx.settings.max_tokens)
     for i, text in enumerate(texts):
         ids = m.tokenizer.sentence(text) if isinstance(text, str) else list(text)
-        limit = min(ctx.settings.max_tokens, position_limit(m.model.cfg) or ctx.settings.max_tokens)
         if not ids or len(ids) > limit:
             raise Refused(400, f"input.{i}: {len(ids)} tokens; give 1 to {limit}")
         if any(not 0 <= t < m.model.cfg.vocab_size for t in ids):
