@@ -12,12 +12,34 @@ is paid over and over: at Transformer-Tiny size it was about 15% of the decoding
 the heap and freed memory stays mapped for the next step. The process keeps its peak memory
 instead of shrinking after it. The atencion commands call it at start; library users may call
 it once themselves. Elsewhere than glibc (macOS, musl, Windows) it does nothing.
+
+:func:`to_huge_pages` moves the weights a CPU decoding reads onto transparent huge pages (2 MiB,
+Linux). Generating a token at batch 1 reads every weight once, at the rate the cores can read
+memory; with 4 KiB pages the hardware's prefetchers stop at every page boundary and the address
+translations miss their cache every few kilobytes. On the 2-core AVX-512 machine of docs/results.md a
+SmolLM-135M-shaped decoder went from 46 to 51 tokens/s (batch 1, float32), and a plain read of
+512 MB from 25 to 29 GB/s. Torch's allocator asks for huge pages only for blocks of 2 MiB or more,
+and only with ``THP_MEM_ALLOC_ENABLE=1`` set before its first allocation; a decoder's matrices are
+mostly smaller. So the tensors are copied into one anonymous mapping advised ``MADV_HUGEPAGE``
+before it is touched, each tensor a storage of its own in it (saving with safetensors sees no
+shared tensors), and each tensor object is pointed at its copy (``.data``): whatever holds the
+tensor reads the copy, and the old memory is freed. ``Transformer.init_state`` does it for a model
+decoding on the CPU (once), and nn/fused.py for the copies of the weights its plan makes.
+``ATENCION_HUGE_PAGES=0`` in the environment turns it off; where the kernel offers no huge pages
+(``/sys/kernel/mm/transparent_hugepage/enabled`` set to never, or not Linux) it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import sys
+import threading
+import weakref
+from collections.abc import Iterable
+
+import torch
 
 _M_TRIM_THRESHOLD = -1   # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -35,3 +57,76 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+HUGE_PAGE = 2 << 20
+MIN_BYTES = 64 << 10  # smaller tensors stay where they are: norms, biases, scales
+_ALIGN = 64  # each tensor starts on a cache line
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+_lock = threading.Lock()
+_arenas: list[tuple[int, int, weakref.ref]] = []  # (first, last address, the mapping) of each arena made
+
+
+def huge_pages_available() -> bool:
+    """Whether transparent huge pages can be asked for here: Linux, the kernel's setting not ``never``,
+    and ``ATENCION_HUGE_PAGES`` not ``0``."""
+    if os.environ.get("ATENCION_HUGE_PAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(_THP, encoding="ascii") as setting:
+            return "[never]" not in setting.read()
+    except OSError:
+        return False
+
+
+def huge_page_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """An anonymous private mapping of at least ``nbytes`` from a 2 MiB boundary, advised
+    ``MADV_HUGEPAGE`` before any page of it is touched, and the offset of that boundary in it."""
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.madvise(mmap.MADV_HUGEPAGE)
+    first = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    return mapping, -first % HUGE_PAGE
+
+
+def on_huge_pages(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` lies in memory that ``to_huge_pages`` made."""
+    address = tensor.data_ptr()
+    with _lock:
+        _arenas[:] = [arena for arena in _arenas if arena[2]() is not None]
+        return any(first <= address < last for first, last, _ in _arenas)
+
+
+def _movable(t: torch.Tensor) -> bool:
+    """A CPU tensor of at least ``MIN_BYTES`` that owns all its storage (not a view of another)."""
+    nbytes = t.numel() * t.element_size()
+    return (t.device.type == "cpu" and t.layout is torch.strided and t.is_contiguous() and t._base is None
+            and nbytes >= MIN_BYTES and t.untyped_storage().nbytes() == nbytes and not t.is_quantized)
+
+
+def to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
+    """Move ``tensors`` (CPU, contiguous, at least ``MIN_BYTES``, not views; others are left where
+    they are, as are those moved before) onto transparent huge pages, in the order given: one new
+    mapping holds them all, each tensor is pointed at its copy (``.data``), its values unchanged.
+    Returns the bytes moved (0 where huge pages are not available)."""
+    if not huge_pages_available():
+        return 0
+    seen, chosen = set(), []
+    for t in tensors:
+        if t is not None and _movable(t) and t.data_ptr() not in seen and not on_huge_pages(t):
+            seen.add(t.data_ptr())
+            chosen.append(t)
+    if not chosen:
+        return 0
+    sizes = [-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in chosen]
+    mapping, offset = huge_page_mapping(sum(sizes))
+    start = offset
+    with torch.inference_mode(False), torch.no_grad():
+        for t, size in zip(chosen, sizes):
+            copy = torch.frombuffer(mapping, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape)
+            copy.copy_(t)
+            t.data = copy
+            offset += size
+    first = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    with _lock:
+        _arenas.append((first + start, first + offset, weakref.ref(mapping)))
+    return offset - start

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..allocator import to_huge_pages
 from . import matvec
 from .attention import RelativeTerms
 from .cache import DecoderState, KVCache
@@ -132,6 +133,7 @@ def plan(decoder: nn.Module, rows: int) -> list[LayerParams] | None:
             else:
                 laid_out[name] = Product(matvec.panels(m.weight) if floats else m.weight, bias)
         planned.append(own._replace(**laid_out))
+    to_huge_pages(t for own in planned for t in tensors_of(own))  # the panels' copies (the model's weights are there)
     return planned
 
 

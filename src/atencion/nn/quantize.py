@@ -41,10 +41,12 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(self.weight, scales, zero_points, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qweight, self.bias)
-            # the same int8 rows and scales for matvec's kernel of a few rows
-            self._int8 = qweight.int_repr()
-            self._scales = qweight.q_per_channel_scales().float()
-            self._sums = self._int8.sum(dim=1, dtype=torch.int32)
+            # the same int8 rows and scales for matvec's kernel of a few rows (buffers, not saved: a quantized
+            # model is never saved; as buffers they go where the module goes, and onto huge pages with it)
+            int8 = qweight.int_repr()
+            self.register_buffer("_int8", int8, persistent=False)
+            self.register_buffer("_scales", qweight.q_per_channel_scales().float(), persistent=False)
+            self.register_buffer("_sums", int8.sum(dim=1, dtype=torch.int32), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()

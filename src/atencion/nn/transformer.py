@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..allocator import to_huge_pages
 from ..config import ModelConfig
 from ..errors import AtencionError
 from . import fused
@@ -425,10 +426,22 @@ class Transformer(Model):
         ``memory``."""
         if self.cfg.arch == "encoder":
             raise AtencionError("an encoder-only model has no decoder: it cannot decode step by step")
+        self._weights_on_huge_pages()
         n = len(self.decoder.layers)
         self_caches = [KVCache() if group == 1 else BeamKVCache(group) for _ in range(n)] if self.decoder.full \
             else [layer.self_attn.kind.new_cache(group) for layer in self.decoder.layers]
         return DecoderState(src_mask, self_caches, [KVCache() for _ in range(n)], memory=memory, group=group)
+
+    def _weights_on_huge_pages(self) -> None:
+        """A model decoding on the CPU, in eval mode, reads its weights from transparent huge pages
+        (allocator.py ``to_huge_pages``: every step reads them all, and reads them faster there); moved
+        once, and again only if its weights were replaced since."""
+        first = next(self.parameters(), None)
+        if self.training or first is None or first.device.type != "cpu" or \
+                getattr(self, "_huge_pages_at", None) == first.data_ptr():
+            return
+        to_huge_pages([*self.parameters(), *self.buffers()])
+        self._huge_pages_at = next(self.parameters()).data_ptr()
 
     def decode_step(self, tgt_ids: Tensor, state: DecoderState, last: int | None = None) -> Tensor:
         """Logits (batch, new_len, vocab) for the new target tokens ``tgt_ids``, using and
