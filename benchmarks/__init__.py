@@ -27,6 +27,7 @@ Experiments (``KIND = "experiment"``): they train models and report their qualit
 Speed benchmarks (``KIND = "speed"``): they time (or weigh) what runs, on random weights or briefly
 trained models.
 - ab_versions: this checkout against another one, taking turns in one process
+- bandwidth: the machine's memory read bandwidth, by a hand loop and by numpy (the wall of batch-1 decoding)
 - compile_step: the fused decoding step against torch.compile of the plain one
 - dropout: atencion's CPU dropout mask against torch's
 - gpt2_recipe: configs/gpt2_124m.yaml for a few updates: tokens per second and MFU

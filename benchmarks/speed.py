@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import gzip
 import json
 import random
@@ -77,6 +78,7 @@ from pathlib import Path
 import torch
 
 from atencion.allocator import keep_freed_memory
+from benchmarks import bandwidth
 from benchmarks.common import DATA, SMOKE_HELP, installed
 
 KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
@@ -300,12 +302,13 @@ GPT_SHAPES = {  # name: (gpt-tiny overrides, rows, block)
 PROMPT, NEW_TOKENS = 16, 200
 LLAMA_VOCAB = 49152  # SmolLM-135M's
 LLAMA_CPP_PEERS = {"f32": "ours", "q8_0": "ours_int8"}  # a llama.cpp GGUF kind: the atencion engine it is timed against
+LLAMA_1B_VOCAB, LLAMA_1B_TOKENS = 32000, 32  # the llama-1b part: TinyLlama-1.1B's vocabulary, tokens timed
 
 
 def smoke_settings() -> None:
     """--smoke: the module's shapes made tiny, so that every part runs in seconds (not a result)."""
-    global SMOKE, NEW_TOKENS, LLAMA_VOCAB
-    SMOKE, NEW_TOKENS, LLAMA_VOCAB = True, 4, 512
+    global SMOKE, NEW_TOKENS, LLAMA_VOCAB, LLAMA_1B_VOCAB
+    SMOKE, NEW_TOKENS, LLAMA_VOCAB, LLAMA_1B_VOCAB = True, 4, 512, 512
     GPT_SHAPES.update(gpt_tiny=({}, 2, 32), gpt_384=(dict(n_layers=1, d_model=64, d_ff=128, n_heads=2), 2, 32))
 
 
@@ -388,13 +391,15 @@ def bert_loss(hf, b: LMBatch):
     return hf(input_ids=b.input_ids, attention_mask=b.input_ids != PAD, labels=b.labels).loss
 
 
-def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=()) -> tuple[dict, dict]:
+def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=(), new: int = 0) -> tuple[dict, dict]:
     """Each engine's last output and its seconds per round; engines take turns, in the other
     order every round. ``engines``: name → run(round, new_tokens). The engines named in
     ``reload`` (CTranslate2's) are loaded by a short untimed run before each timed one and
     released after it: a loaded CTranslate2 engine slows the others in this process while it
-    waits (``time_decoders``)."""
+    waits (``time_decoders``). Each timed run makes ``new`` tokens (``NEW_TOKENS`` where 0)."""
     from atencion.export.ctranslate2 import release_translators
+
+    new = new or NEW_TOKENS
 
     for run in engines.values():
         run(0, 4)  # warm-up
@@ -406,7 +411,7 @@ def timed_rounds(engines: dict, rounds: int, device: torch.device, reload=()) ->
                 engines[name](r, 1)
             synchronize(device)
             start = time.perf_counter()
-            outputs[name] = engines[name](r, NEW_TOKENS)
+            outputs[name] = engines[name](r, new)
             synchronize(device)
             seconds[name].append(time.perf_counter() - start)
             if name in reload:
@@ -609,7 +614,8 @@ def llama_part(args, device: torch.device) -> dict:
     """Generation of today's decoder: a Llama-style model of SmolLM-135M's shape (RMSNorm, SwiGLU,
     RoPE, 3 key/value heads of 9; random weights) against Hugging Face's LlamaForCausalLM made
     equal to it by ``to_hf``, and on a CPU CTranslate2 (float32 and int8) on atencion's export of
-    it, greedy, batch 1 and 16."""
+    it, greedy, batch 1 and 16. Each row's ``wall``: every engine's weight bytes read per token ×
+    tokens/s over the machine's read bandwidth (``args.bandwidth``, measured in the same run)."""
     import tempfile
 
     ours, hf = lm_models("smollm-135m", LLAMA_VOCAB, **(dict(n_layers=2) if SMOKE else {}))
@@ -624,12 +630,144 @@ def llama_part(args, device: torch.device) -> dict:
         gguf_dir = None
         if device.type == "cpu" and installed("llama_cpp", "llama.cpp's rows"):  # llama.cpp: opt-in, CPU here
             gguf_dir = gguf_exports(ours, Path(tmp) / "gguf")
+        step_bytes = engine_bytes(ours, gguf_dir)
         for rows in (1, 16):
             row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu",
                                 gguf_dir=gguf_dir)
             shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
+            row["wall"] = wall_fractions(row, rows, step_bytes, args.bandwidth)
             result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
+
+
+def llama_1b_part(args, device: torch.device) -> dict:
+    """Batch-1 generation at a 1B-class shape, where the weights fit no cache: TinyLlama-1.1B's (22 layers,
+    d_model 2048, 32 heads, 4 key/value heads, d_ff 5632, vocabulary 32,000; 4.4 GB in float32) with random
+    weights, ``LLAMA_1B_TOKENS`` greedy tokens after the prompt, atencion float32 and int8 against llama.cpp
+    f32 and q8_0 on its GGUF export (without llama-cpp-python, atencion alone), in the same rounds. Hugging
+    Face is left out here: a third copy of the weights. The row's ``wall`` as in ``llama_part``."""
+    import tempfile
+
+    from atencion import ModelConfig, Transformer
+    from atencion.decode.sample import generate_ids
+    from atencion.nn.quantize import quantize_int8
+
+    torch.manual_seed(0)
+    overrides = dict(n_layers=2, d_model=128, d_ff=352, n_heads=4, n_kv_heads=2) if SMOKE else {}
+    ours = Transformer(ModelConfig.preset("tinyllama-1.1b", vocab_size=LLAMA_1B_VOCAB, **overrides)).eval()
+    prompt = torch.randint(4, CHARS, (1, PROMPT), generator=torch.Generator().manual_seed(2)).to(device)
+    new = 4 if SMOKE else LLAMA_1B_TOKENS
+
+    def run_ours(model):
+        def run(seed, new):
+            return generate_ids(model, prompt, new, temperature=0.0)
+        return run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf_dir = None
+        if device.type == "cpu" and installed("llama_cpp", "llama.cpp's rows"):
+            gguf_dir = gguf_exports(ours, Path(tmp) / "gguf")  # first: the export's own copies freed before int8's
+            gc.collect()
+        models = {"ours": ours, "ours_int8": quantize_int8(ours)} if device.type == "cpu" else {"ours": ours.to(device)}
+        engines = {name: run_ours(model) for name, model in models.items()}
+        if gguf_dir is not None:
+            engines.update((f"llamacpp_{kind}", llama_cpp_engine(gguf_dir / f"model-{kind}.gguf", prompt.cpu()))
+                           for kind in LLAMA_CPP_PEERS)
+        step_bytes = engine_bytes(ours, gguf_dir)
+        outputs, seconds = timed_rounds(engines, args.rounds + 1, device, new=new)
+    row = dict(ours_tok_s=new / statistics.median(seconds["ours"]),
+               shape=f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {new} tokens, "
+                     "batch 1, greedy")
+    if "ours_int8" in seconds:
+        row["int8"] = dict(ours_tok_s=new / statistics.median(seconds["ours_int8"]))
+    for kind, ours_name in LLAMA_CPP_PEERS.items():
+        name = f"llamacpp_{kind}"
+        if name in seconds:
+            row[name] = dict(ours_tok_s=new / statistics.median(seconds[ours_name]),
+                             tok_s=new / statistics.median(seconds[name]),
+                             **ratio_over_rounds(seconds, name, ours_name),
+                             **same_rows(outputs[ours_name], outputs[name]))
+    if row.get("llamacpp_f32", {}).get("first_difference_at") is not None:
+        row["llamacpp_f32"]["margin_there"] = greedy_margin(ours, prompt, outputs["ours"],
+                                                            row["llamacpp_f32"]["first_difference_at"])
+    row["wall"] = wall_fractions(row, 1, step_bytes, args.bandwidth)
+    return {"llama1b_b1_greedy": row}
+
+
+def greedy_margin(model, prompt: torch.Tensor, made: torch.Tensor, at: int) -> float:
+    """How far apart ``model``'s two largest logits are where it chose new token ``at`` of ``made`` (row 0) after
+    ``prompt``: where another engine's greedy tokens first differ, a margin of float32 rounding's size says the
+    two engines differ in the last bits of a near tie, not in what they compute."""
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, made[:1, :at].to(prompt.device)], 1))[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def step_bytes_of(model, int8: bool = False) -> int:
+    """The weight bytes one generation step of atencion's ``model`` reads: every parameter once, the token
+    embedding as one row unless it is also the output projection (tied: read whole). With ``int8``, as
+    ``quantize_int8`` stores it: each linear layer's and the output projection's weight as int8 rows with
+    a float32 scale and an int32 sum per row (nn/quantize.py), the embedding then one float32 row."""
+    embedding = model.decoder.embed.weight
+    row = embedding[0].numel() * 4
+    total = sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * 4
+    if int8:
+        from atencion.nn.layers import Generator
+
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Linear, Generator)):
+                n, k = m.weight.shape
+                total -= 0 if m.weight is embedding else n * k * 4
+                total += n * k + 8 * n
+        return total + row
+    return total + (embedding.numel() * 4 if model.generator.weight is embedding else row)
+
+
+def gguf_step_bytes(path: Path) -> int:
+    """The bytes a llama.cpp step reads from the GGUF file at ``path``: every tensor's, ``token_embd`` as one
+    row unless the file has no ``output.weight`` (then the embedding is the output projection, read whole)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    total = sum(int(t.n_bytes) for t in tensors.values())
+    if "output.weight" in tensors:
+        embedding = tensors["token_embd.weight"]
+        total -= int(embedding.n_bytes) - int(embedding.n_bytes) // int(embedding.shape[-1])
+    return total
+
+
+def engine_bytes(ours, gguf_dir) -> dict:
+    """Weight bytes per step of each precision's engines: float32 (atencion, Hugging Face, CTranslate2: the
+    same weights), int8 (atencion's layout; Hugging Face's and CTranslate2's int8 store one byte per weight
+    too, with scales per row or tensor), and llama.cpp's files where there are."""
+    made = {"f32": step_bytes_of(ours), "int8": step_bytes_of(ours, int8=True)}
+    for kind in LLAMA_CPP_PEERS if gguf_dir is not None else ():
+        made[kind] = gguf_step_bytes(gguf_dir / f"model-{kind}.gguf")
+    return made
+
+
+WALL_ENGINES = {  # the wall table's engines: (its label, where its tokens/s is in a row, its bytes' precision)
+    "atencion f32": (("ours_tok_s",), "f32"), "HF f32": (("hf_tok_s",), "f32"),
+    "CT2 float32": (("ct2_float32", "tok_s"), "f32"), "llama.cpp f32": (("llamacpp_f32", "tok_s"), "f32"),
+    "atencion int8": (("int8", "ours_tok_s"), "int8"), "HF int8": (("int8", "hf_tok_s"), "int8"),
+    "CT2 int8": (("ct2_int8", "tok_s"), "int8"), "llama.cpp q8_0": (("llamacpp_q8_0", "tok_s"), "q8_0"),
+}
+
+
+def wall_fractions(row: dict, rows: int, step_bytes: dict, bandwidth: dict) -> dict:
+    """Each engine of ``row`` measured: its weight bytes read per second (bytes per step × steps/s, a step
+    making ``rows`` tokens) in GB/s and as a fraction of the measured read bandwidth."""
+    made = {}
+    for engine, (keys, kind) in WALL_ENGINES.items():
+        value = row
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None or kind not in step_bytes:
+            continue
+        gb_s = step_bytes[kind] * value / rows / 1e9
+        made[engine] = dict(gb_s=gb_s, fraction=gb_s / bandwidth["read"], step_mb=step_bytes[kind] / 1e6)
+    return made
 
 
 # main --------------------------------------------------------------------------------------------
@@ -733,7 +871,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--data", default=str(DATA / "multi30k"))
     parser.add_argument("--parts", default="train,decode,lm,llama",
                         help="comma-separated: train, decode (translation, at --sizes), lm (GPT and BERT), llama "
-                             "(a Llama-style decoder's generation) (default: all four)")
+                             "(a Llama-style decoder's generation), llama-1b (batch 1 at TinyLlama-1.1B's shape, "
+                             "4.4 GB of float32 weights; not in the default) (default: train,decode,lm,llama)")
     parser.add_argument("--sentences", type=int, default=500, help="decoded sentences at tiny size (default: 500)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="sentences per decoding batch, the same batches for every engine (default: 64)")
@@ -753,9 +892,11 @@ def main(argv=None) -> dict:
         smoke_settings()
         args.quick, args.sizes, args.sentences, args.batch_sentences = True, "tiny", 8, 8
         args.max_len, args.rounds, args.threads = 4, 1, args.threads or 1
+        if args.parts == parser.get_default("parts"):  # every part, the llama-1b one too
+            args.parts += ",llama-1b"
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.parts = args.parts.split(",")
-    for name, given, known in (("--parts", args.parts, ("train", "decode", "lm", "llama")),
+    for name, given, known in (("--parts", args.parts, ("train", "decode", "lm", "llama", "llama-1b")),
                                ("--sizes", args.sizes.split(","), SIZES)):
         if not given or not set(given) <= set(known):
             parser.error(f"{name} takes a comma-separated list of {', '.join(known)}; got {','.join(given)!r}")
@@ -768,18 +909,23 @@ def main(argv=None) -> dict:
     args.peak = matmul_peak_flops(device, torch.bfloat16 if args.bf16 else torch.float32,
                                   **(dict(n=256, repeats=2) if SMOKE else {}))
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "bf16": args.bf16, "threads": torch.get_num_threads(), "peak_gflops": args.peak / 1e9,
-              "torch": torch.__version__}
+              "vector_width": bandwidth.vector_width(), "bf16": args.bf16, "threads": torch.get_num_threads(),
+              "peak_gflops": args.peak / 1e9, "torch": torch.__version__}
+    if {"llama", "llama-1b"} & set(args.parts):  # the wall the llama rows' fractions are taken of
+        args.bandwidth = report["bandwidth"] = bandwidth.measure(**(dict(gib=1 / 64, rounds=2) if SMOKE else {}))
     if {"train", "decode"} & set(args.parts):
         for size in args.sizes.split(","):
             report[size] = run_size(size, args)
-    if {"lm", "llama"} & set(args.parts):
+    if {"lm", "llama", "llama-1b"} & set(args.parts):
         import transformers
 
         transformers.logging.set_verbosity_error()  # generate's advice on attention masks, not a result
         report["lm"] = lm_part(args, device) if "lm" in args.parts else {}
         if "llama" in args.parts:
             report["lm"].update(llama_part(args, device))
+        if "llama-1b" in args.parts:
+            gc.collect()  # the llama part's models, before 4.4 GB of weights
+            report["lm"].update(llama_1b_part(args, device))
     if args.json:
         print(json.dumps(report))
     else:
@@ -789,8 +935,10 @@ def main(argv=None) -> dict:
 
 def print_table(report: dict) -> None:
     precision = "bf16" if report["bf16"] else "fp32"
-    print(f"{report['device']}, threads {report['threads']}, {precision} matmul peak "
+    print(f"{report['device']} ({report['vector_width']}), threads {report['threads']}, {precision} matmul peak "
           f"{report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
+    if "bandwidth" in report:
+        print(bandwidth.describe(report["bandwidth"]))
     sizes = [s for s in SIZES if s in report]
     if sizes:
         keys = [k for k in report[sizes[0]]]
@@ -802,7 +950,39 @@ def print_table(report: dict) -> None:
                 cells.append(f"{'-' if value is None else (f'{value:.3f}' if abs(value) < 10 else f'{value:.0f}'):>14}")
             print(f"{key:<24}" + "".join(cells))
     if "lm" in report:
-        print_lm_table(report["lm"])
+        alone = {name: row for name, row in report["lm"].items() if "hf_tok_s" not in row}  # llama-1b: no peer
+        if len(alone) < len(report["lm"]):
+            print_lm_table({name: row for name, row in report["lm"].items() if name not in alone})
+        print_alone(alone)
+        print_walls({name: row["wall"] for name, row in report["lm"].items() if "wall" in row})
+
+
+def print_alone(rows: dict) -> None:
+    """The llama-1b part's row: atencion's tokens/s, and against llama.cpp's where it ran."""
+    for name, row in rows.items():
+        line = f"\n{name} ({row['shape']}): atencion float32 {row['ours_tok_s']:.1f} tokens/s"
+        for kind, label in (("f32", "float32"), ("q8_0", "int8")):
+            peer = row.get(f"llamacpp_{kind}")
+            if peer is not None:
+                line += (f"; {label} {peer['ours_tok_s']:.1f} / llama.cpp {kind} {peer['tok_s']:.1f}, ratio "
+                         f"{peer['ratio']:.2f} ({peer['ratio_min']:.2f}-{peer['ratio_max']:.2f}), greedy same "
+                         f"{peer['greedy_same']:.3f}")
+                if "margin_there" in peer:
+                    line += (f" (first differs at new token {peer['first_difference_at']}, where atencion's top two "
+                             f"logits are {peer['margin_there']:.2g} apart)")
+        print(line)
+
+
+def print_walls(walls: dict) -> None:
+    """Each engine's weight bytes read per second, and that as a fraction of the measured read bandwidth."""
+    if not walls:
+        return
+    print(f"\n{'at the memory wall':<24}{'engine':>16}{'MB/step':>9}{'GB/s':>8}{'of wall':>9}")
+    for name, engines in walls.items():
+        for engine, wall in engines.items():
+            print(f"{name:<24}{engine:>16}{wall['step_mb']:>9.0f}{wall['gb_s']:>8.1f}{wall['fraction']:>9.2f}")
+    print("  GB/s: weight bytes read per step (MB/step: every weight once, the embedding one row unless tied) x "
+          "steps/s; of wall: over the read bandwidth above")
 
 
 def print_lm_table(rows: dict) -> None:

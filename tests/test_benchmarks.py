@@ -18,6 +18,7 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem no
 PRINTS = {
     "ab_versions": r"same beams: True.*time new/old median.*generation, gpt-tiny",
     "compile_step": r"batch 1: fused step [\d.]+ ms, layer by layer [\d.]+ ms",
+    "bandwidth": r"(AVX-512|AVX2|no AVX2): read bandwidth [\d.]+ GB/s \(.* GiB.*threads, median of 2\): hand loop",
     "adapt_lm": r'"base": [\d.]+, "full": [\d.]+, "lora": [\d.]+, "prefix": [\d.]+, "prompt": [\d.]+, "scratch"',
     "bottleneck": r"\| source words \| sentences \|.*\| model \| parameters \| updates \| tokens/s \|",
     "digits_vit": r"ViT, seed 1 .*%.*SVC\(gamma=0\.001\).*training images/s",
@@ -45,7 +46,8 @@ PRINTS = {
                  r"[\d.]+x.*greedy agreement",
     "serve_load": r"sequential .*concurrent .*overload: 8 clients.*checks: ",
     "speculative": r"speed-up\s+acceptance.*\n\s*3 .*\(median \[min, max\] over the prompts\)",
-    "speed": r"train_tok_s.*lm \(tokens/s\).*llama_b16_greedy",
+    "speed": r"read bandwidth [\d.]+ GB/s.*train_tok_s.*lm \(tokens/s\).*llama_b16_greedy.*at the memory wall.*"
+             r"llama_b1_greedy\s+atencion f32\s+\d+\s+[\d.]+\s+[\d.]+.*llama1b_b1_greedy\s+atencion f32",
     "sst2": r'"pretraining": \{"masked_accuracy".*"lora_trainable_share"',
     "table3": r"\| base_seed1 \| train\.seed=1 \|.*\| A_heads_1 \| model\.n_heads=1 \|",
 }
