@@ -615,7 +615,7 @@ def llama_part(args, device: torch.device) -> dict:
     RoPE, 3 key/value heads of 9; random weights) against Hugging Face's LlamaForCausalLM made
     equal to it by ``to_hf``, and on a CPU CTranslate2 (float32 and int8) on atencion's export of
     it, greedy, batch 1 and 16. Each row's ``wall``: every engine's weight bytes read per token ×
-    tokens/s over the machine's read bandwidth (``args.bandwidth``, measured in the same run)."""
+    tokens/s (``wall_rates``), over the machine's read bandwidth measured in the same run (``main``)."""
     import tempfile
 
     ours, hf = lm_models("smollm-135m", LLAMA_VOCAB, **(dict(n_layers=2) if SMOKE else {}))
@@ -635,7 +635,7 @@ def llama_part(args, device: torch.device) -> dict:
             row = lm_generation(ours, hf, rows, True, args.rounds + 1, device, ct2_dir, int8=device.type == "cpu",
                                 gguf_dir=gguf_dir)
             shape = f"{shape_name(ours.cfg)}, {ours.cfg.n_kv_heads} key/value heads; {PROMPT} + {NEW_TOKENS} tokens"
-            row["wall"] = wall_fractions(row, rows, step_bytes, args.bandwidth)
+            row["wall"] = wall_rates(row, rows, step_bytes)
             result[f"llama_b{rows}_greedy"] = dict(row, shape=f"{shape}, batch {rows}, greedy")
     return result
 
@@ -690,7 +690,7 @@ def llama_1b_part(args, device: torch.device) -> dict:
     if row.get("llamacpp_f32", {}).get("first_difference_at") is not None:
         row["llamacpp_f32"]["margin_there"] = greedy_margin(ours, prompt, outputs["ours"],
                                                             row["llamacpp_f32"]["first_difference_at"])
-    row["wall"] = wall_fractions(row, 1, step_bytes, args.bandwidth)
+    row["wall"] = wall_rates(row, 1, step_bytes)
     return {"llama1b_b1_greedy": row}
 
 
@@ -755,18 +755,16 @@ WALL_ENGINES = {  # the wall table's engines: (its label, where its tokens/s is 
 }
 
 
-def wall_fractions(row: dict, rows: int, step_bytes: dict, bandwidth: dict) -> dict:
-    """Each engine of ``row`` measured: its weight bytes read per second (bytes per step × steps/s, a step
-    making ``rows`` tokens) in GB/s and as a fraction of the measured read bandwidth."""
+def wall_rates(row: dict, rows: int, step_bytes: dict) -> dict:
+    """Each engine of ``row`` measured: its weight bytes read per second (bytes per step × steps/s, a step making
+    ``rows`` tokens) in GB/s; ``main`` adds each one's fraction of the read bandwidth."""
     made = {}
     for engine, (keys, kind) in WALL_ENGINES.items():
         value = row
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
-        if value is None or kind not in step_bytes:
-            continue
-        gb_s = step_bytes[kind] * value / rows / 1e9
-        made[engine] = dict(gb_s=gb_s, fraction=gb_s / bandwidth["read"], step_mb=step_bytes[kind] / 1e6)
+        if value is not None and kind in step_bytes:
+            made[engine] = dict(gb_s=step_bytes[kind] * value / rows / 1e9, step_mb=step_bytes[kind] / 1e6)
     return made
 
 
@@ -911,21 +909,17 @@ def main(argv=None) -> dict:
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "vector_width": bandwidth.vector_width(), "bf16": args.bf16, "threads": torch.get_num_threads(),
               "peak_gflops": args.peak / 1e9, "torch": torch.__version__}
-    if {"llama", "llama-1b"} & set(args.parts):  # the wall the llama rows' fractions are taken of
-        args.bandwidth = report["bandwidth"] = bandwidth.measure(**(dict(gib=1 / 64, rounds=2) if SMOKE else {}))
+    walls = []  # the llama rows' wall: the read bandwidth measured before and after them
+    if {"llama", "llama-1b"} & set(args.parts):
+        walls.append(bandwidth.measure(**(dict(gib=1 / 64, rounds=2) if SMOKE else {})))
     if {"train", "decode"} & set(args.parts):
         for size in args.sizes.split(","):
             report[size] = run_size(size, args)
     if {"lm", "llama", "llama-1b"} & set(args.parts):
-        import transformers
-
-        transformers.logging.set_verbosity_error()  # generate's advice on attention masks, not a result
-        report["lm"] = lm_part(args, device) if "lm" in args.parts else {}
-        if "llama" in args.parts:
-            report["lm"].update(llama_part(args, device))
-        if "llama-1b" in args.parts:
-            gc.collect()  # the llama part's models, before 4.4 GB of weights
-            report["lm"].update(llama_1b_part(args, device))
+        report["lm"] = lm_parts(args, device)
+    if walls:
+        walls.append(bandwidth.measure(**(dict(gib=1 / 64, rounds=2) if SMOKE else {})))
+        take_wall(report, walls)
     if args.json:
         print(json.dumps(report))
     else:
@@ -933,12 +927,38 @@ def main(argv=None) -> dict:
     return report
 
 
+def lm_parts(args, device: torch.device) -> dict:
+    """The rows of the lm, llama and llama-1b parts that ``args.parts`` names."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # generate's advice on attention masks, not a result
+    rows = lm_part(args, device) if "lm" in args.parts else {}
+    if "llama" in args.parts:
+        rows.update(llama_part(args, device))
+    if "llama-1b" in args.parts:
+        gc.collect()  # the llama part's models, before 4.4 GB of weights
+        rows.update(llama_1b_part(args, device))
+    return rows
+
+
+def take_wall(report: dict, walls: list[dict]) -> None:
+    """The read bandwidth measured before and after the llama rows, the larger of them kept as the wall (so that
+    no fraction is flattered by a slow moment), and every engine's fraction of it."""
+    report["bandwidth"] = max(walls, key=lambda wall: wall["read"])
+    report["bandwidth_before_after"] = [wall["read"] for wall in walls]
+    for row in report["lm"].values():
+        for engine in row.get("wall", {}).values():
+            engine["fraction"] = engine["gb_s"] / report["bandwidth"]["read"]
+
+
 def print_table(report: dict) -> None:
     precision = "bf16" if report["bf16"] else "fp32"
     print(f"{report['device']} ({report['vector_width']}), threads {report['threads']}, {precision} matmul peak "
           f"{report['peak_gflops']:.0f} GFLOP/s, torch {report['torch']}")
     if "bandwidth" in report:
-        print(bandwidth.describe(report["bandwidth"]))
+        before, after = report["bandwidth_before_after"]
+        print(f"{bandwidth.describe(report['bandwidth'])}; before the llama rows {before:.1f}, after {after:.1f}: "
+              "the larger is the wall")
     sizes = [s for s in SIZES if s in report]
     if sizes:
         keys = [k for k in report[sizes[0]]]
