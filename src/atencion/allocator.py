@@ -16,11 +16,10 @@ it once themselves. Elsewhere than glibc (macOS, musl, Windows) it does nothing.
 :func:`to_huge_pages` moves the weights a CPU decoding reads onto transparent huge pages (2 MiB,
 Linux). Generating a token at batch 1 reads every weight once, at the rate the cores can read
 memory; with 4 KiB pages the hardware's prefetchers stop at every page boundary and the address
-translations miss their cache every few kilobytes. On the 2-core AVX-512 machine of docs/results.md a
-SmolLM-135M-shaped decoder went from 46 to 51 tokens/s (batch 1, float32), and a plain read of
-512 MB from 25 to 29 GB/s. Torch's allocator asks for huge pages only for blocks of 2 MiB or more,
-and only with ``THP_MEM_ALLOC_ENABLE=1`` set before its first allocation; a decoder's matrices are
-mostly smaller. So the tensors are copied into one anonymous mapping advised ``MADV_HUGEPAGE``
+translations miss their cache every few kilobytes (what it buys is measured in docs/results.md,
+"Batch-1 decoding at the memory wall"). Torch's allocator asks for huge pages only for blocks of
+2 MiB or more, and only with ``THP_MEM_ALLOC_ENABLE=1`` set before its first allocation; a
+decoder's matrices are mostly smaller. So the tensors are copied into one anonymous mapping advised ``MADV_HUGEPAGE``
 before it is touched, each tensor a storage of its own in it (saving with safetensors sees no
 shared tensors), and each tensor object is pointed at its copy (``.data``): whatever holds the
 tensor reads the copy, and the old memory is freed. ``Transformer.init_state`` does it for a model
@@ -97,10 +96,13 @@ def on_huge_pages(tensor: torch.Tensor) -> bool:
 
 
 def _movable(t: torch.Tensor) -> bool:
-    """A CPU tensor of at least ``MIN_BYTES`` that owns all its storage (not a view of another)."""
+    """A plain CPU tensor (not a subclass such as FSDP's DTensor) of at least ``MIN_BYTES`` that owns all its
+    storage (not a view of another)."""
+    if type(t.data) is not torch.Tensor or t.device.type != "cpu" or t.layout is not torch.strided or t.is_quantized:
+        return False
     nbytes = t.numel() * t.element_size()
-    return (t.device.type == "cpu" and t.layout is torch.strided and t.is_contiguous() and t._base is None
-            and nbytes >= MIN_BYTES and t.untyped_storage().nbytes() == nbytes and not t.is_quantized)
+    return (t.is_contiguous() and t._base is None and nbytes >= MIN_BYTES
+            and t.untyped_storage().nbytes() == nbytes)
 
 
 def to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
