@@ -37,8 +37,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: `import atencion.cli` stays quick (tests/test_faults.py)
+    import torch
 
 _M_TRIM_THRESHOLD = -1   # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -83,6 +85,8 @@ def huge_page_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
     ``MADV_HUGEPAGE`` before any page of it is touched, and the offset of that boundary in it."""
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
+    import torch
+
     first = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
     return mapping, -first % HUGE_PAGE
 
@@ -98,6 +102,8 @@ def on_huge_pages(tensor: torch.Tensor) -> bool:
 def _movable(t: torch.Tensor) -> bool:
     """A plain CPU tensor (not a subclass such as FSDP's DTensor) of at least ``MIN_BYTES`` that owns all its
     storage (not a view of another)."""
+    import torch
+
     if type(t.data) is not torch.Tensor or t.device.type != "cpu" or t.layout is not torch.strided or t.is_quantized:
         return False
     nbytes = t.numel() * t.element_size()
@@ -119,6 +125,8 @@ def to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
             chosen.append(t)
     if not chosen:
         return 0
+    import torch
+
     sizes = [-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in chosen]
     mapping, offset = huge_page_mapping(sum(sizes))
     start = offset
