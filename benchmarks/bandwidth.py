@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from atencion.allocator import huge_page_mapping, huge_pages_available
+from atencion.nn.matvec import Cpu
 from benchmarks.common import SMOKE_HELP
 
 KIND = "speed"  # a speed benchmark (benchmarks/__init__.py lists the two groups)
@@ -150,19 +151,8 @@ def measure(gib: float = 1.0, threads: int | None = None, rounds: int = 9) -> di
 
 
 def vector_width() -> str:
-    """The CPU's widest float vectors, as the decoding kernels use them: AVX-512, AVX2 or neither."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    if "avx512f" in flags:
-        return "AVX-512"
-    return "AVX2" if {"avx2", "fma"} <= flags else "no AVX2"
+    """The CPU's widest float vectors, as the decoding kernels use them (``matvec.Cpu``)."""
+    return Cpu.here().vector_width
 
 
 def describe(bandwidth: dict) -> str:

@@ -86,6 +86,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from atencion.nn.matvec import Cpu
 from benchmarks.common import ROOT, SMOKE_HELP, free_port, installed, spread
 from benchmarks.serve_load import cpu_count, cpu_seconds, percentile
 from benchmarks.speed import LLAMA_VOCAB, gguf_exports, lm_models
@@ -131,7 +132,7 @@ def cpu_info() -> dict:
             out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
             name = next((line.split(":", 1)[1].strip() for line in out.splitlines()
                          if line.startswith("Model name")), None)
-    width = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2" if flags else "unknown"
+    width = Cpu(name or "", tuple(sorted(flags))).vector_width
     return {"model_name": name or platform.processor() or "unknown", "vector_width": width,
             "avx512f": "avx512f" in flags, "avx2": "avx2" in flags, "amx": "amx_tile" in flags,
             "cpus": cpu_count()}

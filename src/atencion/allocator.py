@@ -19,8 +19,8 @@ memory; with 4 KiB pages the hardware's prefetchers stop at every page boundary 
 translations miss their cache every few kilobytes (what it buys is measured in docs/results.md,
 "Batch-1 decoding at the memory wall"). Torch's allocator asks for huge pages only for blocks of
 2 MiB or more, and only with ``THP_MEM_ALLOC_ENABLE=1`` set before its first allocation; a
-decoder's matrices are mostly smaller. So the tensors are copied into one anonymous mapping advised ``MADV_HUGEPAGE``
-before it is touched, each tensor a storage of its own in it (saving with safetensors sees no
+decoder's matrices are mostly smaller. So the tensors are copied into one anonymous mapping
+advised ``MADV_HUGEPAGE`` before it is touched, each tensor a storage of its own in it (saving with safetensors sees no
 shared tensors), and each tensor object is pointed at its copy (``.data``): whatever holds the
 tensor reads the copy, and the old memory is freed. ``Transformer.init_state`` does it for a model
 decoding on the CPU (once), and nn/fused.py for the copies of the weights its plan makes.
@@ -136,7 +136,7 @@ def to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
             copy.copy_(t)
             t.data = copy
             offset += size
-    first = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    first = chosen[0].data_ptr()  # the mapping's 2 MiB boundary, where the first copy went
     with _lock:
-        _arenas.append((first + start, first + offset, weakref.ref(mapping)))
+        _arenas.append((first, first + offset - start, weakref.ref(mapping)))
     return offset - start

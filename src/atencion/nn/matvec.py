@@ -103,6 +103,13 @@ class Cpu:
             return cls(platform.processor() or platform.machine(), ())
 
     @property
+    def vector_width(self) -> str:
+        """The widest float vectors the kernels use here: AVX-512, AVX2 (with FMA), or neither."""
+        if "avx512f" in self.flags:
+            return "AVX-512"
+        return "AVX2" if "avx2" in self.flags else "no AVX2" if self.flags else "unknown"
+
+    @property
     def vectors(self) -> str:
         """The instruction sets the kernels choose among, as this CPU has them."""
         have = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni") if f in self.flags]
